@@ -1,0 +1,38 @@
+# Everything installs from nothing: `make test` and `make demo` create .venv themselves.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# Pinned: resolves to the CPU wheel on CPU-only machines and to the normal build elsewhere.
+TORCH  := torch==2.13.0
+STAMP  := $(VENV)/.ampkit-installed
+
+.PHONY: venv test lint typecheck pytest demo bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy src
+
+pytest: $(STAMP)
+	$(PY) -m pytest
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/ampkit verify --out runs/demo
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,30 @@
+"""ampkit: mixed-precision training for PyTorch that is correct by construction.
+
+Train with ``MixedPrecision``; diagnose with ``ampkit doctor``; verify against FP32 with
+``ampkit verify``; find AMP mistakes in source with ``ampkit lint``.
+"""
+
+from ampkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ampkit.engine import EngineHook, MixedPrecision, StepResult
+from ampkit.policy import keep_fp32
+from ampkit.precision import Precision, PrecisionError
+from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "DynamicLossScaler",
+    "EngineHook",
+    "LossScaler",
+    "MixedPrecision",
+    "NoLossScaler",
+    "Precision",
+    "PrecisionError",
+    "StaticLossScaler",
+    "StepResult",
+    "__version__",
+    "keep_fp32",
+    "load_checkpoint",
+    "save_checkpoint",
+]

@@ -1,0 +1,222 @@
+"""Atomic, safe checkpoints that resume bit-identically.
+
+A checkpoint holds the model, optimizer(s), scheduler, the engine (loss-scaler state and the
+accumulation position, plus the gradients accumulated so far when saved mid-window), every RNG
+state (python, numpy, torch CPU and accelerators) and the caller's ``extra`` dict.
+
+Writes go to a temporary file in the same directory, are fsync'ed, then renamed over the
+target, so a crash or ``kill -9`` leaves either the old checkpoint or the new one, never half
+of one.  Loads use ``torch.load(weights_only=True)``: no pickled code ever runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import random
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ampkit.engine import MixedPrecision
+
+__all__ = ["CheckpointError", "atomic_write_bytes", "load_checkpoint", "save_checkpoint"]
+
+FORMAT = "ampkit.checkpoint/1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or does not fit what it is loaded into."""
+
+
+def _atomic_replace(path: Path, write: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    # Persist the rename itself; without this a power cut can roll the directory entry back.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename)."""
+    _atomic_replace(Path(path), lambda f: f.write(data))
+
+
+def _as_list(obj: Any) -> list[Any]:
+    if obj is None:
+        return []
+    return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": np_state[0],
+            "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _named_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+    engine: MixedPrecision | None = None,
+    scheduler: Any = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Save everything needed to resume bit-identically; returns the path.
+
+    ``extra`` must hold only tensors, numbers, strings, lists, tuples and dicts (what
+    ``weights_only`` loading accepts).  The engine state is read back from the device: one host
+    sync per save.
+    """
+    payload: dict[str, Any] = {
+        "format": FORMAT,
+        "model": model.state_dict(),
+        "optimizer": [o.state_dict() for o in _as_list(optimizer)],
+        "scheduler": [s.state_dict() for s in _as_list(scheduler)],
+        "engine": engine.state_dict() if engine is not None else None,
+        "rng": _rng_state(),
+        "extra": dict(extra or {}),
+    }
+    if engine is not None and engine.micro_step:
+        # Mid-window: the partial sums live in .grad, which no state_dict holds.
+        payload["grads"] = _named_grads(model)
+    _check_extra(payload["extra"])
+    target = Path(path)
+    _atomic_replace(target, lambda f: torch.save(payload, f))
+    return target
+
+
+def _check_extra(extra: dict[str, Any]) -> None:
+    allowed = (torch.Tensor, int, float, str, bool, type(None), bytes)
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}[{k!r}]")
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif not isinstance(value, allowed):
+            raise TypeError(
+                f"save_checkpoint(extra=...): {where} is a {type(value).__name__}; checkpoints load with "
+                "weights_only=True, which accepts only tensors, numbers, strings, lists, tuples and dicts. "
+                "Convert it (e.g. numpy arrays with torch.from_numpy) before saving"
+            )
+
+    walk(extra, "extra")
+
+
+def _read(path: Path, map_location: Any) -> dict[str, Any]:
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError, OSError) as exc:
+        size = path.stat().st_size
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} ({size} bytes) is corrupted or truncated and cannot be loaded "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). It was not modified; "
+            "resume from an earlier checkpoint"
+        ) from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{str(path)!r} is not an ampkit checkpoint (format {payload.get('format') if isinstance(payload, dict) else None!r}, "
+            f"expected {FORMAT!r}); load it with torch.load(..., weights_only=True) yourself"
+        )
+    return payload
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+    engine: MixedPrecision | None = None,
+    scheduler: Any = None,
+    map_location: Any = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Restore a checkpoint in place and return its ``extra`` dict.
+
+    Raises ``CheckpointError`` for a missing, corrupted or truncated file, or when the number of
+    optimizers/schedulers or the engine state does not fit what is passed in.
+    """
+    p = Path(path)
+    payload = _read(p, map_location)
+    opts, scheds = _as_list(optimizer), _as_list(scheduler)
+    for label, given, saved in (("optimizer", opts, payload["optimizer"]), ("scheduler", scheds, payload["scheduler"])):
+        if given and len(given) != len(saved):
+            raise CheckpointError(
+                f"{str(p)!r} holds {len(saved)} {label} state(s) but {len(given)} were passed to load_checkpoint"
+            )
+    if engine is not None and payload.get("engine") is None:
+        raise CheckpointError(
+            f"{str(p)!r} has no engine state (saved without engine=...), so the loss scale and the "
+            "accumulation position cannot be restored (ampkit finding CHECKPOINT_MISSING_SCALER); "
+            "save with save_checkpoint(..., engine=mp)"
+        )
+    model.load_state_dict(payload["model"])
+    for o, sd in zip(opts, payload["optimizer"]):
+        o.load_state_dict(sd)
+    for s, sd in zip(scheds, payload["scheduler"]):
+        s.load_state_dict(sd)
+    if engine is not None:
+        engine.load_state_dict(payload["engine"])
+    grads = payload.get("grads")
+    if grads:
+        for name, param in model.named_parameters():
+            if name in grads:
+                param.grad = grads[name].to(param.device)
+    if restore_rng:
+        _set_rng_state(payload["rng"])
+    return dict(payload["extra"])

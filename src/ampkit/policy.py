@@ -1,0 +1,145 @@
+"""Per-module precision policy: run chosen modules in fp32 while the rest stays in autocast.
+
+A kept module runs with autocast disabled and its floating-point inputs cast to fp32; its
+outputs stay fp32 and the next autocast op casts them down as usual.  Rules are name patterns
+(``fnmatch`` on the dotted name from ``named_modules()``) or module types.  Unlike decorating a
+whole ``forward`` with ``custom_fwd(cast_inputs=torch.float32)``, which turns autocast off for
+every sub-module too, the policy applies to exactly the modules named.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["Fp32Policy", "KeepFp32Rule", "keep_fp32", "resolve_keep_fp32"]
+
+KeepFp32Rule = str | type[nn.Module]
+
+_ATTR = "_ampkit_keep_fp32"
+
+
+def _to_fp32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.is_floating_point() and value.dtype != torch.float32 else value
+    if isinstance(value, tuple):
+        return tuple(_to_fp32(v) for v in value)
+    if isinstance(value, list):
+        return [_to_fp32(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_fp32(v) for k, v in value.items()}
+    return value
+
+
+class _Fp32Region:
+    """Forward pre-hook + forward hook pair that disables autocast around one module's forward."""
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self._stack: list[torch.autocast] = []
+
+    def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        ctx = torch.autocast(device_type=self.device_type, enabled=False)
+        ctx.__enter__()
+        self._stack.append(ctx)
+        return _to_fp32(args), _to_fp32(kwargs)
+
+    def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        # Registered with always_call=True, so this runs even when forward raises.
+        if self._stack:
+            self._stack.pop().__exit__(None, None, None)
+
+
+def keep_fp32(module: nn.Module, device_type: str | None = None) -> nn.Module:
+    """Run ``module`` in fp32 even inside ``torch.autocast``; returns the module.
+
+    ``device_type`` defaults to the device of the module's first parameter (cpu if it has none).
+    Applying it twice is a no-op.
+
+    >>> norm = keep_fp32(nn.LayerNorm(4))
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+    ...     norm(torch.randn(2, 4, dtype=torch.bfloat16)).dtype
+    torch.float32
+    """
+    if getattr(module, _ATTR, None) is not None:
+        return module
+    if device_type is None:
+        param = next(module.parameters(), None)
+        device_type = param.device.type if param is not None else "cpu"
+    region = _Fp32Region(device_type)
+    handles: list[RemovableHandle] = [
+        module.register_forward_pre_hook(region.pre_hook, with_kwargs=True),
+        module.register_forward_hook(region.post_hook, with_kwargs=True, always_call=True),
+    ]
+    setattr(module, _ATTR, handles)
+    return module
+
+
+def release_fp32(module: nn.Module) -> None:
+    """Undo ``keep_fp32(module)``."""
+    handles = getattr(module, _ATTR, None)
+    if handles is None:
+        return
+    for h in handles:
+        h.remove()
+    delattr(module, _ATTR)
+
+
+def resolve_keep_fp32(model: nn.Module, rules: Sequence[KeepFp32Rule]) -> list[str]:
+    """Return the dotted names of ``model``'s modules matched by ``rules``, in model order.
+
+    A rule that matches nothing is almost always a typo, so it raises ``ValueError`` naming the
+    closest module names.
+    """
+    named = list(model.named_modules())
+    chosen: list[str] = []
+    for rule in rules:
+        hits = [name for name, mod in named if _matches(rule, name, mod)]
+        if not hits:
+            raise ValueError(_no_match_message(rule, [n for n, _ in named if n]))
+        chosen.extend(h for h in hits if h not in chosen)
+    order = {name: i for i, (name, _) in enumerate(named)}
+    return sorted(chosen, key=order.__getitem__)
+
+
+def _matches(rule: KeepFp32Rule, name: str, module: nn.Module) -> bool:
+    if isinstance(rule, str):
+        return fnmatch.fnmatchcase(name, rule)
+    if isinstance(rule, type) and issubclass(rule, nn.Module):
+        return isinstance(module, rule)
+    raise TypeError(
+        f"keep_fp32 rule {rule!r} is neither a name pattern (str, e.g. 'lm_head' or '*.norm') "
+        "nor an nn.Module subclass (e.g. nn.LayerNorm)"
+    )
+
+
+def _no_match_message(rule: KeepFp32Rule, names: Iterable[str]) -> str:
+    names = list(names)
+    if isinstance(rule, str):
+        close = difflib.get_close_matches(rule, names, n=5, cutoff=0.4)
+        hint = f"closest module names: {close}" if close else f"module names look like: {names[:6]}"
+        return f"keep_fp32 pattern {rule!r} matches no module of the model; {hint}"
+    return f"keep_fp32 type {rule.__name__} matches no module of the model"
+
+
+class Fp32Policy:
+    """The keep-fp32 rules of one engine, applied to a model by ``apply(model)``."""
+
+    def __init__(self, rules: Sequence[KeepFp32Rule], device_type: str) -> None:
+        self.rules = list(rules)
+        self.device_type = device_type
+        self.applied: list[str] = []
+
+    def apply(self, model: nn.Module) -> list[str]:
+        names = resolve_keep_fp32(model, self.rules) if self.rules else []
+        modules = dict(model.named_modules())
+        for name in names:
+            keep_fp32(modules[name], self.device_type)
+        self.applied = names
+        return names

@@ -1,0 +1,195 @@
+"""Precision names, their dtypes, and what a device can actually run.
+
+``Precision.parse("bf16-mixed", device="cuda")`` turns the names users already know from
+Lightning and Accelerate into one explicit object: the autocast dtype, whether loss scaling is
+needed, and the device it was checked against.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DEVICE_TYPES", "PRECISION_ALIASES", "Precision", "PrecisionError", "resolve_device"]
+
+
+class PrecisionError(ValueError):
+    """A precision name or device that cannot be used; the message says what to use instead."""
+
+
+# Accepted spellings -> canonical name.  "auto" is resolved per device.
+PRECISION_ALIASES: dict[str, str] = {
+    "fp32": "fp32",
+    "32": "fp32",
+    "32-true": "fp32",
+    "no": "fp32",
+    "bf16": "bf16",
+    "bf16-mixed": "bf16",
+    "fp16": "fp16",
+    "16": "fp16",
+    "16-mixed": "fp16",
+    "auto": "auto",
+}
+
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """Return a concrete ``torch.device``; ``"auto"`` picks cuda, then xpu, then mps, then cpu.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device is None or (isinstance(device, str) and device == "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if hasattr(torch, "xpu") and torch.xpu.is_available():
+            return torch.device("xpu")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise PrecisionError(
+            f"device={device!r} is not a device; use one of {', '.join(DEVICE_TYPES)} or 'auto'"
+        ) from exc
+    if dev.type not in DEVICE_TYPES:
+        raise PrecisionError(
+            f"device={device!r}: ampkit supports {', '.join(DEVICE_TYPES)} (or 'auto'), not {dev.type!r}"
+        )
+    _require_available(dev)
+    return dev
+
+
+def _require_available(dev: torch.device) -> None:
+    available = {
+        "cpu": lambda: True,
+        "cuda": torch.cuda.is_available,
+        "mps": torch.backends.mps.is_available,
+        "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
+    }[dev.type]
+    if not available():
+        raise PrecisionError(
+            f"device={str(dev)!r} is not available in this process; use device='cpu' or device='auto' "
+            "(run `ampkit env` to see the devices torch can reach)"
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX); else bf16 is emulated."""
+    return _cpu_flag("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_has_fast_fp16() -> bool:
+    """True when the CPU has fp16 matrix instructions (AMX-FP16 / AVX512-FP16)."""
+    return _cpu_flag("_is_amx_fp16_supported", "_is_avx512_fp16_supported")
+
+
+def _cpu_flag(*probes: str) -> bool:
+    # torch.cpu's probes are private and vary by release; a missing probe counts as "no".
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+def _bf16_supported(dev: torch.device) -> bool:
+    if dev.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if dev.type == "xpu":
+        return bool(getattr(torch.xpu, "is_bf16_supported", lambda: True)())
+    return True  # cpu emulates where it lacks the ISA; mps has bf16 on macOS 14+ (torch checks at use)
+
+
+def _bf16_fast(dev: torch.device) -> bool:
+    if dev.type == "cpu":
+        return cpu_has_fast_bf16()
+    if dev.type == "cuda":
+        return _bf16_supported(dev) and torch.cuda.get_device_capability(dev) >= (8, 0)
+    return _bf16_supported(dev)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Precision:
+    """A checked (precision, device) pair.
+
+    Parse a user-facing name, resolve ``auto`` against the device, and refuse combinations the
+    device cannot run, naming an alternative.
+
+    >>> p = Precision.parse("16-mixed", device="cpu")
+    >>> p.name, p.dtype, p.needs_loss_scaling
+    ('fp16', torch.float16, True)
+    >>> Precision.parse("bf16", device="cpu").autocast_enabled
+    True
+    """
+
+    name: str
+    """Canonical name: ``"fp32"``, ``"bf16"`` or ``"fp16"``."""
+    device: torch.device
+    """The device the precision was checked against."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The autocast compute dtype (``torch.float32`` for fp32)."""
+        return _DTYPES[self.name]
+
+    @property
+    def autocast_enabled(self) -> bool:
+        """Whether ``torch.autocast`` is entered at all."""
+        return self.name != "fp32"
+
+    @property
+    def needs_loss_scaling(self) -> bool:
+        """fp16's 5-bit exponent underflows small gradients; bf16 and fp32 share fp32's range."""
+        return self.name == "fp16"
+
+    @property
+    def is_low_precision(self) -> bool:
+        return self.name != "fp32"
+
+    @classmethod
+    def parse(cls, spec: str | Precision, device: str | torch.device | None = "auto") -> Precision:
+        """Parse ``spec`` (see ``PRECISION_ALIASES``) for ``device`` and check the device can run it."""
+        if isinstance(spec, Precision):
+            return spec
+        key = str(spec).strip().lower()
+        if key not in PRECISION_ALIASES:
+            accepted = ", ".join(repr(k) for k in PRECISION_ALIASES)
+            raise PrecisionError(f"precision {spec!r} is not known; accepted names: {accepted}")
+        dev = resolve_device(device)
+        name = PRECISION_ALIASES[key]
+        if name == "auto":
+            name = cls._auto(dev)
+        cls._check(name, dev)
+        return cls(name=name, device=dev)
+
+    @staticmethod
+    def _auto(dev: torch.device) -> str:
+        if _bf16_fast(dev):
+            return "bf16"
+        if dev.type == "cuda":
+            return "fp16"
+        return "fp32"
+
+    @staticmethod
+    def _check(name: str, dev: torch.device) -> None:
+        if name == "bf16" and not _bf16_supported(dev):
+            raise PrecisionError(
+                f"bf16 was requested on {dev} ({_device_name(dev)}), which does not support bfloat16; "
+                "use precision='fp16' (with loss scaling, the default) or 'fp32'"
+            )
+        if name == "fp16" and dev.type == "mps" and not torch.backends.mps.is_available():
+            raise PrecisionError("fp16 on mps needs a working MPS backend; use device='cpu'")
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.device}"
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return str(torch.cuda.get_device_name(dev))
+    return dev.type
