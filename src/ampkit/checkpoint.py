@@ -70,7 +70,7 @@ def _as_list(obj: Any) -> list[Any]:
 
 
 def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +101,10 @@ class MixedPrecision:
         clip_grad_norm: max global L2 norm of the unscaled gradients, or None.
         keep_fp32: module name patterns or types to run in fp32 (applied by ``prepare``).
         skip_nonfinite: skip steps whose gradients hold inf/NaN even without loss scaling.
-        hooks: ``EngineHook`` observers (telemetry, doctor replay).
+        hooks: ``EngineHook`` observers.
+        telemetry: on-device step metrics and alarms (see ``ampkit.telemetry``).
+        doctor: keep a cheap capture of each step and replay a failing one fully instrumented
+            (see ``ampkit.diagnose.replay``).
 
     Example (the loop from the README, with a tiny model)::
 
@@ -129,6 +132,8 @@ class MixedPrecision:
         keep_fp32: Sequence[KeepFp32Rule] = (),
         skip_nonfinite: bool = True,
         hooks: Sequence[EngineHook] = (),
+        telemetry: Any = None,
+        doctor: bool = False,
     ) -> None:
         self.precision = Precision.parse(precision, device)
         self.device = self.precision.device
@@ -153,6 +158,20 @@ class MixedPrecision:
         self._prepared: list[nn.Module] = []
         self._opt_states: dict[int, _OptState] = {}
         self._warned: set[str] = set()
+        self.found_inf_reducer: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Set by ``ampkit.distributed``: makes every rank take the same skip decision."""
+        self.telemetry: Any = None
+        self.doctor: Any = None
+        if telemetry is not None:
+            from ampkit.telemetry import make_telemetry
+
+            self.telemetry = make_telemetry(telemetry, self)
+            self.hooks.append(self.telemetry)
+        if doctor:
+            from ampkit.diagnose.replay import ReplayDoctor
+
+            self.doctor = ReplayDoctor(self)
+            self.hooks.append(self.doctor)
 
     # -- construction helpers ------------------------------------------------------------------
     def _make_scaler(self, scaler: LossScaler | str | None) -> LossScaler:
@@ -200,7 +219,7 @@ class MixedPrecision:
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """``model.no_sync()`` inside an accumulation window for DDP models, else a null context."""
         if not self.sync_gradients and hasattr(model, "no_sync"):
-            return model.no_sync()  # type: ignore[no-any-return]
+            return model.no_sync()  # type: ignore[operator,no-any-return]
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, **backward_kwargs: Any) -> None:
@@ -235,6 +254,8 @@ class MixedPrecision:
             self._check_optimizer(opt)
         scale = self.scale
         per_opt_found = [self._unscale(opt) for opt in opts]
+        if self.found_inf_reducer is not None:
+            per_opt_found = [self.found_inf_reducer(f) for f in per_opt_found]
         grad_norm = self._clip_and_norm(opts)
         found_inf = per_opt_found[0] if len(per_opt_found) == 1 else torch.stack(per_opt_found).sum()
         for hook in self.hooks:

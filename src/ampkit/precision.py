@@ -8,6 +8,7 @@ needed, and the device it was checked against.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -67,26 +68,26 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
 
 
 def _require_available(dev: torch.device) -> None:
-    available = {
+    probes: dict[str, Callable[[], bool]] = {
         "cpu": lambda: True,
         "cuda": torch.cuda.is_available,
         "mps": torch.backends.mps.is_available,
         "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
-    }[dev.type]
-    if not available():
+    }
+    if not probes[dev.type]():
         raise PrecisionError(
             f"device={str(dev)!r} is not available in this process; use device='cpu' or device='auto' "
             "(run `ampkit env` to see the devices torch can reach)"
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX); else bf16 is emulated."""
     return _cpu_flag("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_has_fast_fp16() -> bool:
     """True when the CPU has fp16 matrix instructions (AMX-FP16 / AVX512-FP16)."""
     return _cpu_flag("_is_amx_fp16_supported", "_is_avx512_fp16_supported")
