@@ -155,7 +155,8 @@ class MixedPrecision:
         """Micro-batches seen since the last boundary (0 .. grad_accumulation-1)."""
         self.optimizer_steps = 0
         """Boundary steps taken (applied or skipped)."""
-        self._prepared: list[nn.Module] = []
+        self.models: list[nn.Module] = []
+        """Models passed to ``prepare`` (the doctor's replay hooks them)."""
         self._opt_states: dict[int, _OptState] = {}
         self._warned: set[str] = set()
         self.found_inf_reducer: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -211,9 +212,9 @@ class MixedPrecision:
     def prepare(self, model: nn.Module) -> nn.Module:
         """Check ``model`` against the engine and apply the keep-fp32 policy; returns ``model``."""
         self._check_module(model)
-        names = self.policy.apply(model)
-        if names:
-            self._prepared.append(model)
+        self.policy.apply(model)
+        if all(m is not model for m in self.models):
+            self.models.append(model)
         return model
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:

@@ -1,0 +1,1 @@
+"""Diagnostics: where and why low precision breaks, and what to change."""
