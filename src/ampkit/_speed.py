@@ -6,7 +6,7 @@ import time
 
 import torch
 
-__all__ = ["matmul_tflops", "matmul_speedups"]
+__all__ = ["matmul_speedups", "matmul_tflops"]
 
 
 def _sync(device: torch.device) -> None:
