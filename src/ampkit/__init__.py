@@ -9,6 +9,7 @@ from ampkit.engine import EngineHook, MixedPrecision, StepResult
 from ampkit.policy import keep_fp32
 from ampkit.precision import Precision, PrecisionError
 from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler
+from ampkit.verify.task import Task, TaskBase
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,8 @@ __all__ = [
     "PrecisionError",
     "StaticLossScaler",
     "StepResult",
+    "Task",
+    "TaskBase",
     "__version__",
     "keep_fp32",
     "load_checkpoint",

@@ -1,0 +1,37 @@
+"""``ampkit env``: the environment record users paste into bug reports.
+
+Prints torch/python/CUDA/driver versions, the CPU model and its bf16/fp16 ISA flags, GPUs,
+thread counts, the dtypes autocast accepts per device and the measured matmul throughput per
+dtype per device (``--no-measure`` skips the measurement).  ``--json`` prints the same record
+``ampkit verify`` stores in ``report.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ampkit.cli.main import UsageError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "env", help="print the environment record (versions, CPU/GPU, autocast dtypes, matmul TFLOP/s)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+    p.add_argument("--no-measure", action="store_true", help="skip the matmul throughput measurement")
+    p.add_argument("--matmul-n", type=int, default=512, metavar="N",
+                   help="matrix size of the throughput measurement (default 512)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ampkit.verify.env import collect_environment, format_environment
+
+    if args.matmul_n < 16:
+        raise UsageError(f"--matmul-n {args.matmul_n}: use a matrix size of at least 16 (default 512)")
+    env = collect_environment(measure=not args.no_measure, matmul_n=args.matmul_n)
+    print(json.dumps(env, indent=2) if args.json else format_environment(env))
+    return 0

@@ -1,0 +1,154 @@
+"""``ampkit verify``: run a task under fp32 and low precision, compare, and write the report.
+
+Each precision trains in its own fresh process from the same initial weights on the same data;
+the report (DIR/report.json, report.md, report.html) holds loss curves, eval metrics, skipped
+steps, throughput and peak memory after warm-up, the environment, and a verdict per precision.
+
+Exit status: 0 every precision passes, 1 at least one fails, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from ampkit.cli.main import UsageError
+
+DEFAULT_OUT = "runs/verify"
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (write a fraction such as 0.02 for 2%)") from exc
+    if not 0.0 <= value < 10.0 or value != value:
+        raise argparse.ArgumentTypeError(f"{text!r}: a tolerance is a fraction >= 0, such as 0.02 for 2%")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    from ampkit.verify.compare import Tolerances
+
+    d = Tolerances()
+    p = subparsers.add_parser(
+        "verify", help="verify a task's low-precision runs against an fp32 baseline",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("task", nargs="?", default="tinygpt", metavar="TASK",
+                   help="built-in name (tinygpt, digits), path/to/file.py[:attr] or package.module:attr "
+                        "(default: tinygpt)")
+    p.add_argument("--precisions", metavar="LIST",
+                   help="comma-separated precisions (default: fp32,bf16,fp16 on GPUs, fp32,bf16 on CPU); "
+                        "fp32 is always run as the baseline")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, xpu or auto (default)")
+    p.add_argument("--steps", type=int, metavar="N", help="optimizer steps per run (default: the task's)")
+    p.add_argument("--warmup", type=int, metavar="W", help="steps left out of throughput and loss distance")
+    p.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps and at the end")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data order (default 0)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report directory (default {DEFAULT_OUT})")
+    tol = p.add_argument_group("tolerances (fractions; see docs/verify.md)")
+    tol.add_argument("--tol-metric", action="append", default=[], metavar="[NAME=]X",
+                     help=f"largest relative worsening of an eval metric (default {d.metric}); NAME=X sets one "
+                          "metric, repeatable")
+    tol.add_argument("--tol-loss", type=_fraction, default=d.loss, metavar="X",
+                     help=f"largest loss-curve distance (default {d.loss})")
+    tol.add_argument("--tol-skipped", type=_fraction, default=d.skipped, metavar="X",
+                     help=f"largest fraction of skipped steps (default {d.skipped})")
+    tol.add_argument("--tol-nonfinite", type=_fraction, default=d.nonfinite, metavar="X",
+                     help=f"largest fraction of non-finite losses (default {d.nonfinite})")
+    tol.add_argument("--min-speedup", type=float, metavar="X", help="fail runs slower than X times fp32 (off by default)")
+    tol.add_argument("--smooth", type=int, metavar="W", help="loss smoothing window in steps (default steps/20)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-measure-env", action="store_true", help="skip the matmul throughput measurement")
+    p.set_defaults(run=run)
+
+
+def _tolerances(args: argparse.Namespace) -> Any:
+    from ampkit.verify.compare import Tolerances
+
+    metric, overrides = Tolerances().metric, {}
+    for item in args.tol_metric:
+        name, sep, value = item.rpartition("=")
+        try:
+            number = _fraction(value)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"--tol-metric {item!r}: {exc}") from exc
+        if sep:
+            if not name:
+                raise UsageError(f"--tol-metric {item!r}: write NAME=X, for example accuracy=0.01")
+            overrides[name] = number
+        else:
+            metric = number
+    if args.smooth is not None and args.smooth < 1:
+        raise UsageError(f"--smooth {args.smooth}: the smoothing window must be >= 1 step")
+    if args.min_speedup is not None and not args.min_speedup > 0:
+        raise UsageError(f"--min-speedup {args.min_speedup}: must be > 0 (1.0 = as fast as fp32)")
+    return Tolerances(metric=metric, metric_overrides=overrides, loss=args.tol_loss, skipped=args.tol_skipped,
+                      nonfinite=args.tol_nonfinite, min_speedup=args.min_speedup, smooth=args.smooth)
+
+
+def _require_report_extras() -> None:
+    missing = [m for m in ("matplotlib", "rich") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"ampkit verify draws its report with {' and '.join(missing)}, which "
+                         f"{'is' if len(missing) == 1 else 'are'} not installed; run `pip install 'ampkit[report]'`")
+
+
+def run(args: argparse.Namespace) -> int:
+    _require_report_extras()
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ampkit.verify.harness import VerifyConfig, VerifyError, plan, run_verify
+    from ampkit.verify.report import summary_table, write_report
+    from ampkit.verify.task import TaskLoadError
+
+    precisions = None
+    if args.precisions is not None:
+        precisions = tuple(x.strip() for x in args.precisions.split(",") if x.strip())
+        if not precisions:
+            raise UsageError("--precisions is empty; write a list such as fp32,bf16")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out!r} is a file; give a directory for report.json, report.md, report.html")
+    config = VerifyConfig(task=args.task, precisions=precisions, device=args.device, steps=args.steps,
+                          warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,
+                          tolerances=_tolerances(args), measure_env=not args.no_measure_env)
+    try:
+        resolved = plan(config)
+    except (VerifyError, TaskLoadError) as exc:
+        raise UsageError(str(exc)) from exc
+    console = Console(stderr=True)
+    for note in resolved.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    n, steps = len(resolved.precisions), resolved.steps
+    index = {name: i for i, name in enumerate(resolved.precisions)}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, disable=args.no_progress) as progress:
+        job = progress.add_task("measuring the environment", total=n * steps)
+
+        def on_progress(precision: str, event: dict[str, Any]) -> None:
+            i = index[precision]
+            label = f"{precision} ({i + 1}/{n})"
+            if event["phase"] == "setup":
+                progress.update(job, completed=i * steps, description=f"{label}: building the model")
+            elif event["phase"] == "train":
+                progress.update(job, completed=i * steps + event["step"], description=f"{label}: step {event['step']}/{steps}")
+            elif event["phase"] == "done":
+                progress.update(job, completed=(i + 1) * steps, description=f"{label}: {event['status']}")
+
+        report = run_verify(config, on_progress=on_progress, resolved=resolved)
+        progress.update(job, description="writing the report")
+        paths = write_report(report, out)
+        progress.update(job, description=f"done: {report['verdict']}")
+    stdout = Console()
+    if not stdout.is_terminal:  # logs and pipes: wide enough that the table does not wrap every cell
+        stdout = Console(width=160)
+    stdout.print(summary_table(report))
+    print(f"Report: {paths['html']}  (also {paths['json'].name}, {paths['md'].name})")
+    sys.stdout.flush()
+    return 0 if report["verdict"] == "pass" else 1

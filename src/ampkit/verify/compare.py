@@ -1,0 +1,192 @@
+"""Comparison of each precision's run against the fp32 baseline, and the pass/fail verdict.
+
+Definitions (also in docs/verify.md and in every report):
+
+- **loss-curve distance**: both loss curves are smoothed with a centred moving average of
+  ``w`` steps (non-finite losses left out of each window), restricted to the steps after
+  warm-up, and ``d = mean_t |S_p(t) − S_fp32(t)| / mean_t |S_fp32(t)|`` — the mean absolute gap
+  as a fraction of fp32's loss.  ``w = max(1, round(steps / 20))`` unless given.
+- **metric worsening**: ``(value − fp32) / |fp32|`` for a lower-is-better metric and
+  ``(fp32 − value) / |fp32|`` for a higher-is-better one; being better never fails.
+- **speed-up**: samples/s of the run over fp32's, both measured after warm-up.
+- **memory ratio**: the run's training memory over fp32's (CUDA: peak allocated bytes; CPU:
+  peak RSS minus the RSS before the model was built, so the interpreter and torch's own
+  footprint, equal in every run, do not dilute the ratio).
+
+A run fails when it crashed or diverged, when its initial weights or data differ from fp32's,
+when a metric is non-finite or worse than ``tol.metric``, when the loss distance exceeds
+``tol.loss``, when more than ``tol.skipped`` of its steps were skipped, when more than
+``tol.nonfinite`` of its losses were non-finite, or (only if asked) when its speed-up is below
+``tol.min_speedup``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["LOSS_DISTANCE_DEFINITION", "Tolerances", "compare_runs", "loss_distance", "smooth"]
+
+LOSS_DISTANCE_DEFINITION = (
+    "d = mean_t |S_p(t) - S_fp32(t)| / mean_t |S_fp32(t)| over the steps after warm-up, where S is "
+    "the loss smoothed by a centred moving average of w steps (non-finite losses excluded)"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tolerances:
+    """How far a low-precision run may drift from fp32 and still pass (see docs/verify.md)."""
+
+    metric: float = 0.02
+    """Largest relative worsening of any eval metric (2 %: the seed-to-seed spread of fp32 itself)."""
+    metric_overrides: dict[str, float] = field(default_factory=dict)
+    """Per-metric replacements for ``metric`` (``--tol-metric NAME=VALUE``)."""
+    loss: float = 0.03
+    """Largest loss-curve distance (3 % of fp32's loss)."""
+    skipped: float = 0.05
+    """Largest fraction of optimizer steps skipped for non-finite gradients (fp16 scale search)."""
+    nonfinite: float = 0.0
+    """Largest fraction of steps whose forward loss was non-finite (no loss scaler can fix a forward)."""
+    min_speedup: float | None = None
+    """When set, a run slower than this multiple of fp32's samples/s fails."""
+    smooth: int | None = None
+    """Moving-average window for the loss distance; None: ``max(1, round(steps / 20))``."""
+
+    def for_metric(self, name: str) -> float:
+        return self.metric_overrides.get(name, self.metric)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def smooth(values: list[float | None], window: int) -> list[float]:
+    """Centred moving average that skips missing/non-finite values (NaN where a window has none).
+
+    >>> smooth([1.0, None, 3.0, 5.0], 3)
+    [1.0, 2.0, 4.0, 4.0]
+    """
+    before, after = (window - 1) // 2, window // 2  # exactly `window` steps, centred (ties look ahead)
+    out = []
+    for i in range(len(values)):
+        chunk = [v for v in values[max(0, i - before): i + after + 1] if v is not None and math.isfinite(v)]
+        out.append(sum(chunk) / len(chunk) if chunk else math.nan)
+    return out
+
+
+def loss_distance(run: list[float | None], base: list[float | None], *, warmup: int, window: int) -> float:
+    """The loss-curve distance defined above; ``inf`` when the curves cannot be compared.
+
+    >>> round(loss_distance([2.0, 2.2, 2.0], [2.0, 2.0, 2.0], warmup=0, window=1), 4)
+    0.0333
+    """
+    n = min(len(run), len(base))
+    if n <= warmup or len(run) != len(base):
+        return math.inf
+    s_run, s_base = smooth(run, window)[warmup:n], smooth(base, window)[warmup:n]
+    if any(math.isnan(x) for x in s_run + s_base):
+        return math.inf
+    scale = sum(abs(b) for b in s_base) / len(s_base)
+    gap = sum(abs(r - b) for r, b in zip(s_run, s_base)) / len(s_base)
+    return gap / scale if scale > 0 else (0.0 if gap == 0 else math.inf)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _training_bytes(run: dict[str, Any]) -> float | None:
+    mem = run.get("memory") or {}
+    value = mem.get("training_bytes")
+    return float(value) if value is not None and value > 0 else None
+
+
+def _fraction(count: int, total: int) -> float:
+    return count / total if total else 0.0
+
+
+def _own_checks(run: dict[str, Any], steps: int, tol: Tolerances, reasons: list[str]) -> dict[str, Any]:
+    if run.get("status") != "ok":
+        reasons.append(f"run {run.get('status', 'failed')}: {run.get('error') or 'no result'}")
+    n = len(run.get("loss") or []) or steps
+    skipped = _fraction(run.get("skipped_steps", 0), n)
+    nonfinite = _fraction(run.get("nonfinite_steps", 0), n)
+    if skipped > tol.skipped:
+        reasons.append(f"{run.get('skipped_steps')} of {n} steps skipped ({skipped:.1%} > {tol.skipped:.1%} allowed)")
+    if nonfinite > tol.nonfinite:
+        reasons.append(f"{run.get('nonfinite_steps')} of {n} losses non-finite ({nonfinite:.1%} > {tol.nonfinite:.1%} allowed)")
+    for name, value in (run.get("eval") or {}).items():
+        if value is None:
+            reasons.append(f"eval metric {name!r} is not finite")
+    return {"skipped_fraction": skipped, "nonfinite_fraction": nonfinite}
+
+
+def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: int, warmup: int,
+                 tol: Tolerances) -> list[dict[str, Any]]:
+    """One comparison entry per run (fp32 first, as the baseline) with verdict and reasons."""
+    window = tol.smooth or max(1, round(steps / 20))
+    base = next((r for r in runs if r["precision"] == "fp32"), None)
+    entries = []
+    for run in runs:
+        reasons: list[str] = []
+        notes: list[str] = []
+        entry: dict[str, Any] = {"precision": run["precision"], "vs": "fp32", "baseline": run is base}
+        entry.update(_own_checks(run, steps, tol, reasons))
+        if base is None or base.get("status") != "ok":
+            if run is not base:
+                reasons.append("the fp32 baseline did not complete, so nothing can be compared")
+        elif run is not base:
+            entry.update(_against(run, base, metrics, warmup, window, tol, reasons, notes))
+        entry["loss_smoothing_window"] = window
+        entry["verdict"] = "fail" if reasons else "pass"
+        entry["reasons"] = reasons or ["within every tolerance" if run is not base else "baseline completed"]
+        entry["notes"] = notes
+        entries.append(entry)
+    return entries
+
+
+def _against(run: dict[str, Any], base: dict[str, Any], metrics: dict[str, str], warmup: int, window: int,
+             tol: Tolerances, reasons: list[str], notes: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["init_match"] = run.get("init_sha256") == base.get("init_sha256")
+    out["data_match"] = run.get("data_sha256") == base.get("data_sha256")
+    if run.get("init_sha256") and not out["init_match"]:
+        reasons.append(f"initial weights differ from fp32's (sha256 {str(run.get('init_sha256'))[:12]} vs "
+                       f"{str(base.get('init_sha256'))[:12]}): build_model(seed) is not deterministic")
+    if run.get("data_sha256") and not out["data_match"]:
+        reasons.append("the first batches differ from fp32's: batches(seed, device) is not deterministic")
+    out["metrics"] = {}
+    for name, direction in metrics.items():
+        value, ref = (run.get("eval") or {}).get(name), (base.get("eval") or {}).get(name)
+        item: dict[str, Any] = {"value": value, "baseline": ref, "direction": direction, "tolerance": tol.for_metric(name)}
+        if value is not None and ref is not None:
+            delta = value - ref
+            worse = delta if direction == "lower" else -delta
+            rel = worse / abs(ref) if ref != 0 else (0.0 if worse <= 0 else math.inf)
+            item.update(delta=delta, relative_worse=rel, ok=rel <= tol.for_metric(name))
+            if not item["ok"]:
+                reasons.append(f"{name} {value:.4g} vs fp32 {ref:.4g}: {rel:.2%} worse (> {tol.for_metric(name):.2%} allowed)")
+        else:
+            item.update(delta=None, relative_worse=None, ok=False)
+        out["metrics"][name] = item
+    if run.get("status") == "ok":
+        dist = loss_distance(run["loss"], base["loss"], warmup=warmup, window=window)
+        out["loss_distance"] = dist if math.isfinite(dist) else None
+        if not dist <= tol.loss:
+            reasons.append(f"loss-curve distance {dist:.2%} > {tol.loss:.2%} allowed" if math.isfinite(dist)
+                           else "loss curves cannot be compared (non-finite over a whole smoothing window)")
+        tail_run, tail_base = smooth(run["loss"], window)[-1], smooth(base["loss"], window)[-1]
+        out["final_loss_delta"] = tail_run - tail_base if math.isfinite(tail_run - tail_base) else None
+    else:
+        out["loss_distance"], out["final_loss_delta"] = None, None
+    rt, bt = run.get("throughput") or {}, base.get("throughput") or {}
+    out["speedup"] = _ratio(rt.get("samples_per_s"), bt.get("samples_per_s"))
+    out["memory_ratio"] = _ratio(_training_bytes(run), _training_bytes(base))
+    speedup = out["speedup"]
+    if speedup is not None and speedup < 1.0:
+        notes.append(f"{run['precision']} is slower than fp32 here ({speedup:.2f}x): this device has no fast "
+                     f"{run['precision']} path (see `ampkit env`)")
+    if tol.min_speedup is not None and (speedup is None or speedup < tol.min_speedup):
+        reasons.append(f"speed-up {speedup if speedup is None else f'{speedup:.2f}x'} below the required "
+                       f"{tol.min_speedup:.2f}x")
+    return out

@@ -1,0 +1,273 @@
+"""The FP32-baseline protocol: run a task under each precision, each in a fresh process, and compare.
+
+``run_verify(config)`` resolves the plan (task, device, precisions, steps), records the
+environment, runs ``python -m ampkit.verify.worker`` once per precision (sequentially, so the
+runs never compete for the device), reads their progress lines into one progress bar, turns a
+crash or a worker killed by the OS into a ``failed`` run while the others go on, compares every
+run with fp32 (``ampkit.verify.compare``) and returns the ``ampkit.verify/1`` report.  Writing
+the files is ``ampkit.verify.report.write_report``'s job.
+
+Ctrl-C stops the running worker (terminate, then kill after 10 s) and propagates; the report
+is only written after every run finished, so an interrupted job leaves no partial report.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ampkit
+from ampkit.precision import Precision, PrecisionError, resolve_device
+from ampkit.verify.compare import LOSS_DISTANCE_DEFINITION, Tolerances, compare_runs
+from ampkit.verify.task import Task, load_task, split_task_ref
+from ampkit.verify.worker import PROGRESS_PREFIX
+
+__all__ = ["SCHEMA", "Plan", "VerifyConfig", "VerifyError", "default_precisions", "plan", "run_verify"]
+
+SCHEMA = "ampkit.verify/1"
+LOG_TAIL_LINES = 40
+
+
+class VerifyError(ValueError):
+    """A verify configuration that cannot run; the message says what to change."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyConfig:
+    """What ``ampkit verify`` was asked to do; ``None`` fields take the task's defaults."""
+
+    task: str = "tinygpt"
+    """Built-in name, ``path/to/file.py[:attr]`` or ``package.module:attr``."""
+    precisions: tuple[str, ...] | None = None
+    """Precisions to run; fp32 is always added as the baseline.  None: ``default_precisions``."""
+    device: str = "auto"
+    """Device for every run (``auto``: cuda, xpu, mps, then cpu)."""
+    steps: int | None = None
+    """Optimizer steps per run."""
+    warmup: int | None = None
+    """Steps excluded from throughput (and from the loss-curve distance)."""
+    eval_every: int | None = None
+    """Evaluate every N steps (and always at the end)."""
+    seed: int = 0
+    """Seed for the initial weights and the data order, shared by every run."""
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    """Pass/fail thresholds."""
+    measure_env: bool = True
+    """Measure matmul throughput per dtype for the environment record (about a second per device)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A resolved, validated configuration."""
+
+    task: Task
+    task_ref: str
+    device: torch.device
+    precisions: tuple[str, ...]
+    steps: int
+    warmup: int
+    eval_every: int
+    seed: int
+    notes: tuple[str, ...] = ()
+
+
+def default_precisions(device: torch.device) -> tuple[str, ...]:
+    """fp32, bf16 and fp16 on accelerators; fp32 and bf16 on CPU (fp16 has no fast CPU path).
+
+    >>> default_precisions(torch.device("cpu"))
+    ('fp32', 'bf16')
+    """
+    if device.type == "cpu":
+        return ("fp32", "bf16")
+    candidates = ("fp32", "bf16", "fp16")
+    usable = []
+    for name in candidates:
+        try:
+            Precision.parse(name, device)
+        except PrecisionError:
+            continue
+        usable.append(name)
+    return tuple(usable)
+
+
+def _positive(name: str, value: int | None, minimum: int) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        raise VerifyError(f"--{name.replace('_', '-')} {value!r}: must be an integer >= {minimum}")
+
+
+def plan(config: VerifyConfig) -> Plan:
+    """Validate ``config`` against the task and the device (raises ``VerifyError`` / ``TaskLoadError``)."""
+    _positive("steps", config.steps, 1)
+    _positive("warmup", config.warmup, 0)
+    _positive("eval_every", config.eval_every, 1)
+    try:
+        device = resolve_device(config.device)
+    except PrecisionError as exc:
+        raise VerifyError(str(exc)) from exc
+    task = load_task(config.task)
+    steps = config.steps if config.steps is not None else int(getattr(task, "default_steps", 200))
+    warmup = config.warmup if config.warmup is not None else min(int(getattr(task, "default_warmup", 10)), steps // 2)
+    if warmup >= steps:
+        raise VerifyError(f"--warmup {warmup} must be smaller than --steps {steps}: throughput is measured on the "
+                          "steps after warm-up")
+    eval_every = config.eval_every if config.eval_every is not None else min(
+        int(getattr(task, "default_eval_every", 50)), steps)
+    requested = config.precisions if config.precisions is not None else default_precisions(device)
+    names: list[str] = []
+    for spec in requested:
+        try:
+            name = Precision.parse(spec, device).name
+        except PrecisionError as exc:
+            raise VerifyError(f"--precisions: {exc}") from exc
+        if name not in names:
+            names.append(name)
+    notes = []
+    if "fp32" not in names:
+        notes.append("fp32 added as the baseline every precision is compared with")
+    names = ["fp32"] + [n for n in names if n != "fp32"]
+    if config.tolerances.smooth is not None and config.tolerances.smooth < 1:
+        raise VerifyError(f"--smooth {config.tolerances.smooth}: the smoothing window must be >= 1 step")
+    ref = config.task.strip()
+    head, attr = split_task_ref(ref)
+    if head.endswith(".py") and Path(head).is_file():
+        # Absolute, so that workers resolve the file the same way whatever their working directory.
+        ref = str(Path(head).resolve()) + (f":{attr}" if attr else "")
+    return Plan(task=task, task_ref=ref, device=device, precisions=tuple(names), steps=steps, warmup=warmup,
+                eval_every=eval_every, seed=config.seed, notes=tuple(notes))
+
+
+ProgressCallback = Callable[[str, dict[str, Any]], None]
+"""Called with (precision, event) for each progress line a worker prints."""
+
+
+def _worker_env(device: torch.device) -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(ampkit.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONHASHSEED", "0")  # tasks iterating over sets see one order in every run
+    if device.type == "cuda":
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed for deterministic cuBLAS
+    return env
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed by the OS: out of memory?)" if name == "SIGKILL" else ""
+        return f"the worker process died from {name}{hint}"
+    return f"the worker process exited with code {code} without writing a result"
+
+
+def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+    """Run one precision in a fresh ``python -m ampkit.verify.worker`` process and return its run record."""
+    spec_path, result_path = workdir / f"{precision}.spec.json", workdir / f"{precision}.result.json"
+    spec = {"task": p.task_ref, "precision": precision, "device": str(p.device), "steps": p.steps,
+            "warmup": p.warmup, "seed": p.seed, "eval_every": p.eval_every, "result": str(result_path)}
+    spec_path.write_text(json.dumps(spec))
+    stdout_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    with open(workdir / f"{precision}.stderr", "w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ampkit.verify.worker", str(spec_path)],
+            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True, bufsize=1,
+            env=_worker_env(p.device),
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith(PROGRESS_PREFIX):
+                    if on_progress is not None:
+                        on_progress(precision, json.loads(line[len(PROGRESS_PREFIX):]))
+                else:
+                    stdout_tail.append(line.rstrip("\n"))
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        stderr.seek(0)
+        stderr_tail = stderr.read().splitlines()[-LOG_TAIL_LINES:]
+    log_tail = "\n".join([*stdout_tail, *stderr_tail]) or None
+    if result_path.exists():
+        result: dict[str, Any] = json.loads(result_path.read_text())
+    else:
+        result = {"precision": precision, "device": str(p.device), "status": "failed", "error": _describe_exit(code)}
+    if result.get("status") != "ok":
+        result["log_tail"] = log_tail
+    return _complete(result)
+
+
+def _complete(run: dict[str, Any]) -> dict[str, Any]:
+    """Give a failed run every key the schema requires, with empty values."""
+    defaults: dict[str, Any] = {
+        "loss": [], "steps": [], "eval": {}, "eval_history": [], "skipped_steps": 0, "nonfinite_steps": 0,
+        "throughput": {}, "peak_memory_bytes": None, "memory": None, "wall_s": None, "init_sha256": None,
+        "data_sha256": None, "error": None, "log_tail": None,
+    }
+    for key, value in defaults.items():
+        run.setdefault(key, value)
+    return run
+
+
+def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = None,
+               resolved: Plan | None = None) -> dict[str, Any]:
+    """Run the protocol and return the ``ampkit.verify/1`` report (nothing is written)."""
+    from ampkit.verify.env import collect_environment
+
+    p = resolved if resolved is not None else plan(config)
+    environment = collect_environment(measure=config.measure_env)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="ampkit-verify-") as tmp:
+        for precision in p.precisions:
+            runs.append(run_precision(p, precision, Path(tmp), on_progress))
+            if on_progress is not None:
+                on_progress(precision, {"phase": "done", "status": runs[-1]["status"]})
+    comparison = compare_runs(runs, metrics=dict(p.task.metrics), steps=p.steps, warmup=p.warmup,
+                              tol=config.tolerances)
+    describe = getattr(p.task, "describe", None)
+    return {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "ampkit_version": ampkit.__version__,
+        "task": {
+            "name": p.task.name,
+            "ref": p.task_ref,
+            "metrics": dict(p.task.metrics),
+            "samples_per_batch": p.task.samples_per_batch,
+            "tokens_per_batch": p.task.tokens_per_batch,
+            "info": describe() if callable(describe) else {},
+        },
+        "protocol": {
+            "device": str(p.device),
+            "precisions": list(p.precisions),
+            "steps": p.steps,
+            "warmup": p.warmup,
+            "eval_every": p.eval_every,
+            "seed": p.seed,
+            "tolerances": config.tolerances.to_dict(),
+            "loss_distance": LOSS_DISTANCE_DEFINITION,
+            "notes": list(p.notes),
+        },
+        "environment": environment,
+        "runs": runs,
+        "comparison": comparison,
+        "verdict": "pass" if all(c["verdict"] == "pass" for c in comparison) else "fail",
+    }

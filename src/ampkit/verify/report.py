@@ -1,0 +1,311 @@
+"""The verify report: ``report.json`` (``ampkit.verify/1``), ``report.md`` and one self-contained ``report.html``.
+
+All three are rendered in memory first and then written one by one with
+``atomic_write_bytes`` (temp file, fsync, rename), so an interrupted job leaves the previous
+report or the new one, never half a file.  The HTML has no script and no external resource; a
+Content-Security-Policy forbids both, so opening it makes no network request.  Every string that
+comes from user code (task and metric names, errors, paths, environment strings) is
+``html.escape``d.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ampkit.checkpoint import atomic_write_bytes
+
+__all__ = ["load_schema", "render_html", "render_json", "render_markdown", "summary_table", "write_report"]
+
+MEMORY_DEFINITION = (
+    "CUDA: torch.cuda.max_memory_allocated during the run. CPU: peak resident set size (getrusage) of the run's "
+    "process minus its RSS before the model was built; the ratio compares these training bytes."
+)
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema of ``report.json`` (``ampkit/schemas/verify.schema.json``)."""
+    text = resources.files("ampkit").joinpath("schemas/verify.schema.json").read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def _finite(obj: Any) -> Any:
+    """Replace NaN/inf floats by None: strict JSON has no such numbers."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def render_json(report: dict[str, Any]) -> bytes:
+    return (json.dumps(_finite(report), indent=1, allow_nan=False) + "\n").encode()
+
+
+# -- small formatters -----------------------------------------------------------------------------
+def _num(value: Any, fmt: str = ".4g") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _pct(value: Any) -> str:
+    return "—" if value is None else f"{value:.2%}"
+
+
+def _ratio(value: Any) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def _mib(value: Any) -> str:
+    return "—" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+def _final_loss(run: dict[str, Any]) -> float | None:
+    finite = [x for x in run.get("loss") or [] if x is not None]
+    tail = finite[-10:]
+    return sum(tail) / len(tail) if tail else None
+
+
+def _metric_cells(report: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    return [_num((run.get("eval") or {}).get(name)) for name in report["task"]["metrics"]]
+
+
+def _comparison(report: dict[str, Any], precision: str) -> dict[str, Any]:
+    return next((c for c in report["comparison"] if c["precision"] == precision), {})
+
+
+def _metric_deltas(entry: dict[str, Any]) -> str:
+    parts = []
+    for name, m in (entry.get("metrics") or {}).items():
+        if m.get("delta") is not None:
+            parts.append(f"{name} {m['delta']:+.4g} ({-m['relative_worse']:+.2%})")
+    return "; ".join(parts) or "—"
+
+
+# -- Markdown ---------------------------------------------------------------------------------------
+def _md(text: Any) -> str:
+    """Markdown cell text: HTML-escaped (many viewers render inline HTML) and table-safe."""
+    return html.escape(str(text)).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(_md(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    task, proto = report["task"], report["protocol"]
+    metric_names = list(task["metrics"])
+    out = [f"# ampkit verify: {_md(task['name'])} — {report['verdict'].upper()}", ""]
+    out += [f"Task `{_md(task['ref'])}` on {_md(proto['device'])}, {proto['steps']} steps "
+            f"({proto['warmup']} warm-up), seed {proto['seed']}, evaluation every {proto['eval_every']} steps. "
+            f"Created {_md(report['created'])} with ampkit {_md(report['ampkit_version'])}.", ""]
+    out += ["## Verdict", ""]
+    out += _md_table(
+        ["precision", "verdict", "loss distance", "metric change", "skipped", "speed-up", "memory", "reasons"],
+        ([c["precision"], c["verdict"].upper(), _pct(c.get("loss_distance")), _metric_deltas(c),
+          _pct(c.get("skipped_fraction")), _ratio(c.get("speedup")), _ratio(c.get("memory_ratio")),
+          "; ".join(c["reasons"] + c.get("notes", []))] for c in report["comparison"]))
+    out += ["", "## Runs", ""]
+    out += _md_table(
+        ["precision", "status", "final loss", *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
+         "peak memory", "training memory", "wall s"],
+        ([r["precision"], r["status"], _num(_final_loss(r)), *_metric_cells(report, r), str(r["skipped_steps"]),
+          str(r["nonfinite_steps"]), _num((r["throughput"] or {}).get("samples_per_s"), ".1f"),
+          _num((r["throughput"] or {}).get("tokens_per_s"), ".0f"), _mib(r.get("peak_memory_bytes")),
+          _mib((r.get("memory") or {}).get("training_bytes")), _num(r.get("wall_s"), ".1f")]
+         for r in report["runs"]))
+    for r in report["runs"]:
+        if r.get("error"):
+            out += ["", f"### {_md(r['precision'])}: {_md(r['status'])}", "", "```",
+                    str(r["error"]).replace("```", "ʼʼʼ"), "```"]
+    tol = proto["tolerances"]
+    out += ["", "## Protocol and definitions", "",
+            f"- Loss-curve distance: {_md(proto['loss_distance'])}; tolerance {tol['loss']:.2%}.",
+            f"- Metric change: relative worsening against fp32 (being better never fails); tolerance "
+            f"{tol['metric']:.2%}" + (f", overrides {_md(tol['metric_overrides'])}" if tol["metric_overrides"] else "") + ".",
+            f"- Skipped steps allowed: {tol['skipped']:.2%}; non-finite losses allowed: {tol['nonfinite']:.2%}"
+            + (f"; minimum speed-up {tol['min_speedup']:.2f}x" if tol.get("min_speedup") else "") + ".",
+            f"- Memory: {MEMORY_DEFINITION}",
+            "- Every run starts from the same initial weights (SHA-256 of the state_dict, checked) and sees the "
+            "same batches in the same order (SHA-256 of the first batches, checked); throughput excludes warm-up "
+            "and evaluation."]
+    out += [f"- {_md(n)}" for n in proto.get("notes", [])]
+    out += ["", "## Environment", "", *_md_table(["key", "value"], ([k, v] for k, v in _flatten(report["environment"])))]
+    return "\n".join(out) + "\n"
+
+
+def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(obj, dict):
+        items: list[tuple[str, str]] = []
+        for k, v in obj.items():
+            items += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return items
+    if isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
+        items = []
+        for i, v in enumerate(obj):
+            items += _flatten(v, f"{prefix}[{i}]")
+        return items
+    if isinstance(obj, list):
+        return [(prefix, ", ".join(map(str, obj)) or "—")]
+    return [(prefix, "—" if obj is None else str(obj))]
+
+
+# -- HTML -------------------------------------------------------------------------------------------
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1240px;
+color:#222;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#555}.badge{display:inline-block;padding:2px 10px;border-radius:4px;font-weight:600;color:#fff}
+.pass{background:#2e7d32}.fail{background:#c62828}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #ddd;padding:4px 8px;
+text-align:left;vertical-align:top}th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.charts{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:12px}.chart svg{width:100%;height:auto}
+.chart.wide{grid-column:1/-1}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px;max-height:320px}
+code{background:#f3f3f3;padding:0 3px}ul{margin:4px 0}
+"""
+
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+
+def _e(value: Any) -> str:
+    return html.escape("—" if value is None else str(value))
+
+
+def _html_table(header: list[str], rows: Iterable[list[tuple[str, bool]]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="num">{c}</td>' if num else f"<td>{c}</td>" for c, num in row) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
+    """One self-contained page; ``charts`` are trusted SVG from ``ampkit.verify.charts``."""
+    task, proto = report["task"], report["protocol"]
+    verdict = report["verdict"]
+    verdict_rows = [
+        [(f'<span class="badge {_e(c["verdict"])}">{_e(c["verdict"].upper())}</span> {_e(c["precision"])}', False),
+         (_e(_pct(c.get("loss_distance"))), True), (_e(_metric_deltas(c)), False),
+         (_e(_pct(c.get("skipped_fraction"))), True), (_e(_ratio(c.get("speedup"))), True),
+         (_e(_ratio(c.get("memory_ratio"))), True),
+         ("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in c["reasons"] + c.get("notes", [])) + "</ul>", False)]
+        for c in report["comparison"]
+    ]
+    metric_names = list(task["metrics"])
+    run_rows = [
+        [(_e(r["precision"]), False), (_e(r["status"]), False), (_e(_num(_final_loss(r))), True),
+         *[(_e(v), True) for v in _metric_cells(report, r)], (_e(r["skipped_steps"]), True),
+         (_e(r["nonfinite_steps"]), True), (_e(_num((r["throughput"] or {}).get("samples_per_s"), ".1f")), True),
+         (_e(_num((r["throughput"] or {}).get("tokens_per_s"), ".0f")), True),
+         (_e(_mib(r.get("peak_memory_bytes"))), True), (_e(_mib((r.get("memory") or {}).get("training_bytes"))), True),
+         (_e(_num(r.get("wall_s"), ".1f")), True), (f"<code>{_e((r.get('init_sha256') or '—')[:16])}</code>", False)]
+        for r in report["runs"]
+    ]
+    errors = "".join(
+        f"<h3>{_e(r['precision'])}: {_e(r['status'])}</h3><pre>{_e(r['error'])}"
+        + (f"\n\n{_e(r['log_tail'])}" if r.get("log_tail") else "") + "</pre>"
+        for r in report["runs"] if r.get("error")
+    )
+    chart_html = "".join(
+        f'<div class="chart{" wide" if name == "eval" and len(task["metrics"]) > 1 else ""}">{svg}</div>'
+        for name, svg in charts.items()
+    )
+    tol = proto["tolerances"]
+    definitions = [
+        f"Loss-curve distance: {proto['loss_distance']}. Tolerance {tol['loss']:.2%}.",
+        f"Metric change: relative worsening against fp32 (better never fails). Tolerance {tol['metric']:.2%}"
+        + (f", per metric {tol['metric_overrides']}" if tol["metric_overrides"] else "") + ".",
+        f"Skipped steps allowed: {tol['skipped']:.2%}. Non-finite losses allowed: {tol['nonfinite']:.2%}."
+        + (f" Minimum speed-up: {tol['min_speedup']:.2f}x." if tol.get("min_speedup") else ""),
+        f"Memory: {MEMORY_DEFINITION}",
+        "Same initial weights (SHA-256 of the state_dict) and same batches (SHA-256 of the first batches) are "
+        "checked for every run; throughput excludes the warm-up steps and the evaluations.",
+        *proto.get("notes", []),
+    ]
+    info_rows = [[(_e(k), False), (_e(v), False)] for k, v in _flatten(task.get("info") or {})]
+    env_rows = [[(_e(k), False), (_e(v), False)] for k, v in _flatten(report["environment"])]
+    title = f"ampkit verify: {task['name']}"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{_CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title><style>{_CSS}</style></head>
+<body>
+<h1>{_e(title)} <span class="badge {_e(verdict)}" id="verdict">{_e(verdict.upper())}</span></h1>
+<p class="meta">Task <code>{_e(task['ref'])}</code> · device {_e(proto['device'])} · {_e(proto['steps'])} steps
+({_e(proto['warmup'])} warm-up) · seed {_e(proto['seed'])} · eval every {_e(proto['eval_every'])} steps ·
+{_e(report['created'])} · ampkit {_e(report['ampkit_version'])}</p>
+<h2>Verdict against fp32</h2>
+{_html_table(["precision", "loss distance", "metric change", "skipped", "speed-up", "memory", "reasons"], verdict_rows)}
+<h2>Charts</h2>
+<div class="charts">{chart_html}</div>
+<h2>Runs</h2>
+{_html_table(["precision", "status", "final loss", *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
+              "peak memory", "training memory", "wall s", "init sha256"], run_rows)}
+{errors}
+<h2>Protocol and definitions</h2>
+<ul>{"".join(f"<li>{_e(d)}</li>" for d in definitions)}</ul>
+<h2>Task</h2>
+{_html_table(["key", "value"], info_rows) if info_rows else "<p>—</p>"}
+<h2>Environment</h2>
+{_html_table(["key", "value"], env_rows)}
+</body></html>
+"""
+
+
+# -- files and terminal ---------------------------------------------------------------------------------
+def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Render everything, then write report.json, report.md and report.html atomically; returns their paths."""
+    from ampkit.verify.charts import render_charts
+
+    out = Path(out_dir)
+    rendered = {
+        "json": render_json(report),
+        "md": render_markdown(report).encode(),
+        "html": render_html(report, render_charts(report)).encode(),
+    }
+    paths = {kind: out / f"report.{kind}" for kind in rendered}
+    umask = os.umask(0)
+    os.umask(umask)
+    for kind, data in rendered.items():
+        atomic_write_bytes(paths[kind], data)
+        # The temp file is created 0600; a report is meant to be shared, so give it the usual mode.
+        os.chmod(paths[kind], 0o666 & ~umask)
+    return paths
+
+
+def summary_table(report: dict[str, Any]) -> Any:
+    """A ``rich`` table of the verdict, for the terminal (user strings are ``Text``, never markup)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    title = Text(f"ampkit verify: {report['task']['name']} on {report['protocol']['device']}")
+    table = Table(title=title, title_justify="left")
+    metric_names = list(report["task"]["metrics"])
+    for col in ["precision", "verdict", "final loss", *metric_names, "loss dist", "skipped", "samples/s",
+                "speed-up", "memory", "reasons"]:
+        table.add_column(Text(col), overflow="fold",
+                         justify="left" if col in ("precision", "verdict", "reasons") else "right")
+    for run in report["runs"]:
+        c = _comparison(report, run["precision"])
+        verdict = c.get("verdict", "?")
+        cells = [
+            run["precision"], _num(_final_loss(run)), *_metric_cells(report, run), _pct(c.get("loss_distance")),
+            str(run["skipped_steps"]), _num((run["throughput"] or {}).get("samples_per_s"), ".1f"),
+            _ratio(c.get("speedup")), _ratio(c.get("memory_ratio")), "; ".join(c.get("reasons", []) + c.get("notes", [])),
+        ]
+        row = [Text(x) for x in cells]
+        row.insert(1, Text(verdict.upper(), style="green" if verdict == "pass" else "bold red"))
+        table.add_row(*row)
+    return table

@@ -1,0 +1,289 @@
+"""One precision's run of the verify protocol, in its own process: ``python -m ampkit.verify.worker SPEC``.
+
+``SPEC`` is a JSON file written by the harness (task reference, precision, device, steps,
+warm-up, seed, evaluation interval, result path).  A fresh process per precision means a clean
+peak-memory measurement (peak RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA), no
+autocast weight cache or allocator state carried over, and a crash that cannot take the other
+runs with it.
+
+The run:
+
+1. seed everything, build the model on CPU in fp32 and hash its ``state_dict`` (SHA-256 over
+   names, dtypes, shapes and bytes): the harness refuses to compare runs whose hashes differ;
+2. hash the first batches of the task's stream (``data_sha256``): same data order, checked;
+3. train ``steps`` optimizer steps with ``MixedPrecision`` and a ``StepRecorder`` (no host
+   sync per step); the clock starts after ``warmup`` steps and stops around evaluations;
+4. evaluate every ``eval_every`` steps and at the end, under the same autocast; a loss that
+   stays non-finite, or a non-finite metric, ends the run as ``diverged``;
+5. write the result atomically.  Progress goes to stdout as ``@ampkit-progress {json}`` lines.
+
+On CUDA the fp32 baseline is IEEE fp32 (TF32 off for matmul and cuDNN) and deterministic
+algorithms are requested (``warn_only``), so that repeated runs with one seed agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import random
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROGRESS_PREFIX = "@ampkit-progress "
+DATA_HASH_BATCHES = 4
+"""Batches hashed for ``data_sha256`` (read from a second stream, outside the timed region)."""
+DIVERGENCE_WINDOW = 20
+"""A run whose last 20 recorded losses are all non-finite has diverged."""
+
+
+def emit(**event: Any) -> None:
+    print(PROGRESS_PREFIX + json.dumps(event), flush=True)
+
+
+def state_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of a ``state_dict``: names, dtypes, shapes and raw bytes, in sorted name order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        digest.update(f"T|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            digest.update(f"K|{key}|".encode())
+            _feed(digest, obj[key])
+    elif isinstance(obj, (list, tuple)):
+        digest.update(f"L|{len(obj)}|".encode())
+        for item in obj:
+            _feed(digest, item)
+    else:
+        digest.update(f"V|{obj!r}|".encode())
+
+
+def data_sha256(task: Any, seed: int, device: torch.device, count: int) -> str:
+    digest = hashlib.sha256()
+    stream = iter(task.batches(seed, device))
+    for _ in range(count):
+        _feed(digest, next(stream))
+    return digest.hexdigest()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB, macOS bytes
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class _Stopwatch:
+    """Accumulates time over segments; each edge synchronises the device so queued work is counted."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.total = 0.0
+        self._start: float | None = None
+
+    def start(self) -> None:
+        _sync(self.device)
+        self._start = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._start is not None:
+            _sync(self.device)
+            self.total += time.perf_counter() - self._start
+            self._start = None
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+
+
+def _configure(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.cuda.reset_peak_memory_stats(device)
+    return {"tf32": False, "deterministic_algorithms": device.type == "cuda", "threads": torch.get_num_threads()}
+
+
+def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) -> None:
+    from ampkit.engine import MixedPrecision
+    from ampkit.verify.recorder import StepRecorder
+    from ampkit.verify.task import load_task
+
+    device = torch.device(spec["device"])
+    steps, warmup, seed, eval_every = spec["steps"], spec["warmup"], spec["seed"], spec["eval_every"]
+    result["settings"] = _configure(device)
+    task = load_task(spec["task"])
+    emit(phase="setup", precision=spec["precision"])
+    baseline_rss = _rss_bytes()
+    _seed_everything(seed)
+    model = task.build_model(seed)
+    result["init_sha256"] = state_sha256(model)
+    result["data_sha256"] = data_sha256(task, seed, device, min(steps, DATA_HASH_BATCHES))
+    model.to(device)
+    optimizer = task.build_optimizer(model)
+    recorder = StepRecorder()
+    live["recorder"] = recorder  # lets run() keep the steps recorded before a crash
+    mp = MixedPrecision(spec["precision"], device=device, hooks=[recorder],
+                        clip_grad_norm=getattr(task, "clip_grad_norm", None))
+    mp.prepare(model)
+    stream = iter(task.batches(seed, device))
+    clock = _Stopwatch(device)
+    history: list[dict[str, Any]] = []
+    result["eval_history"] = history
+    for step in range(steps):
+        if step == warmup:
+            clock.start()
+        model.train()
+        batch = next(stream)
+        with mp.autocast():
+            loss = task.loss(model, batch)
+        mp.backward(loss)
+        mp.step(optimizer)
+        done = step + 1
+        emit(phase="train", step=done)
+        if done % eval_every == 0 or done == steps:
+            clock.stop()
+            history.append({"step": done, "metrics": _evaluate(task, model, mp, device)})
+            reason = _divergence(recorder, history[-1]["metrics"])
+            if reason is not None:
+                result["status"], result["error"] = "diverged", f"diverged at step {done}: {reason}"
+                break
+            if warmup < done < steps:
+                clock.start()
+    clock.stop()
+    _finish(spec, task, recorder, history, clock, result, device, baseline_rss)
+
+
+def _evaluate(task: Any, model: torch.nn.Module, mp: Any, device: torch.device) -> dict[str, float | None]:
+    model.eval()
+    with torch.no_grad(), mp.autocast():
+        metrics = task.evaluate(model, device)
+    model.train()
+    missing = sorted(set(task.metrics) - set(metrics))
+    if missing:
+        raise RuntimeError(f"task {task.name!r}: evaluate() returned {sorted(metrics)} but declares metrics "
+                           f"{sorted(task.metrics)}; missing {missing}")
+    return {name: _finite_or_none(float(metrics[name])) for name in task.metrics}
+
+
+def _divergence(recorder: Any, metrics: dict[str, float | None]) -> str | None:
+    bad = [name for name, value in metrics.items() if value is None]
+    if bad:
+        return f"evaluation metric(s) {', '.join(bad)} are not finite"
+    recent = recorder.recent_losses(DIVERGENCE_WINDOW)
+    if len(recent) == DIVERGENCE_WINDOW and not any(math.isfinite(x) for x in recent):
+        return f"the loss was non-finite for the last {DIVERGENCE_WINDOW} steps"
+    return None
+
+
+def _store_records(recorder: Any, result: dict[str, Any]) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = recorder.records()
+    for r in records:
+        r["loss"] = _finite_or_none(r["loss"])
+        r["grad_norm"] = _finite_or_none(r["grad_norm"])
+    result["steps"] = records
+    result["loss"] = [r["loss"] for r in records]
+    result["skipped_steps"] = sum(r["skipped"] for r in records)
+    result["nonfinite_steps"] = sum(r["loss_nonfinite"] for r in records)
+    return records
+
+
+def _finish(spec: dict[str, Any], task: Any, recorder: Any, history: list[dict[str, Any]], clock: _Stopwatch,
+            result: dict[str, Any], device: torch.device, baseline_rss: int) -> None:
+    records = _store_records(recorder, result)
+    result["eval"] = history[-1]["metrics"] if history else {}
+    timed_steps = max(0, len(records) - spec["warmup"])
+    seconds = clock.total
+    rate = timed_steps / seconds if seconds > 0 and timed_steps > 0 else None
+    result["throughput"] = {
+        "timed_steps": timed_steps,
+        "timed_s": seconds,
+        "warmup_steps": spec["warmup"],
+        "steps_per_s": rate,
+        "samples_per_s": rate * task.samples_per_batch if rate else None,
+        "tokens_per_s": rate * task.tokens_per_batch if rate and task.tokens_per_batch else None,
+    }
+    if device.type == "cuda":
+        peak, base, kind = int(torch.cuda.max_memory_allocated(device)), 0, "cuda_max_memory_allocated"
+    else:
+        peak, base, kind = _rss_bytes(), baseline_rss, "peak_rss"
+    result["peak_memory_bytes"] = peak
+    result["memory"] = {"kind": kind, "peak_bytes": peak, "baseline_bytes": base, "training_bytes": peak - base}
+    if result.get("status") != "diverged":
+        result["status"] = "ok"
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one precision and return its result (a crash becomes ``status: failed`` with the error)."""
+    started = time.perf_counter()
+    result: dict[str, Any] = {"precision": spec["precision"], "device": spec["device"], "status": "failed",
+                              "error": None}
+    live: dict[str, Any] = {}
+    try:
+        train(spec, result, live)
+    except Exception as exc:
+        result["status"] = "failed"
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = "".join(traceback.format_exception(exc)[-12:])
+        traceback.print_exc()
+        if "recorder" in live:
+            # The curve up to the crash is evidence too; a device in an error state cannot be read
+            # back, and then the error alone is kept.
+            with contextlib.suppress(Exception):
+                _store_records(live["recorder"], result)
+    result["wall_s"] = time.perf_counter() - started
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ampkit.checkpoint import atomic_write_bytes
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ampkit.verify.worker SPEC.json (written by `ampkit verify`)", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(args[0]).read_text())
+    result = run(spec)
+    atomic_write_bytes(spec["result"], json.dumps(result, allow_nan=False).encode())
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

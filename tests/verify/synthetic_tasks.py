@@ -1,0 +1,138 @@
+"""Small tasks for the verify tests: real models and data, each step a few milliseconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ampkit.verify.task import TaskBase
+
+
+class Regression(TaskBase):
+    """An MLP fitting a fixed random teacher; metrics: test MSE (lower) and R² (higher)."""
+
+    name = "regression"
+    metrics = {"mse": "lower", "r2": "higher"}  # noqa: RUF012
+    samples_per_batch = 64
+    default_steps = 40
+    default_warmup = 5
+    default_eval_every = 20
+    lr = 3e-3
+
+    def __init__(self, width: int = 64, features: int = 32) -> None:
+        self.width, self.features = width, features
+        gen = torch.Generator().manual_seed(1234)
+        self.teacher = torch.randn(features, 1, generator=gen) / features**0.5
+        self.test_x = torch.randn(256, features, generator=gen)
+        self.test_y = self.test_x @ self.teacher
+
+    def build_model(self, seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(self.features, self.width), nn.GELU(), nn.Linear(self.width, 1))
+
+    def batches(self, seed: int, device: torch.device) -> Iterator[Any]:
+        gen = torch.Generator().manual_seed(seed)
+        while True:
+            x = torch.randn(self.samples_per_batch, self.features, generator=gen)
+            yield x.to(device), (x @ self.teacher).to(device)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return F.mse_loss(model(x).float(), y)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        pred = model(self.test_x.to(device)).float().cpu()
+        mse = F.mse_loss(pred, self.test_y)
+        return {"mse": float(mse), "r2": float(1 - mse / self.test_y.var())}
+
+
+class WideRegression(Regression):
+    """Large enough per step (about 10 ms) for a stable throughput measurement."""
+
+    name = "wide-regression"
+    samples_per_batch = 256
+    tokens_per_batch = 256 * 8
+
+    def __init__(self) -> None:
+        super().__init__(width=768, features=256)
+
+
+class Fp16Overflow(Regression):
+    """Fails on purpose under fp16 only: the squared error is reduced by a matmul in the autocast dtype.
+
+    The residual has an unlearnable noise part of size ~300, so a 64-term dot product of it is ~6e6:
+    finite in fp32 and bf16 (fp32's exponent range), inf in fp16 (max 65504).  A CPU fp16 step is
+    slow, so the model is tiny.
+    """
+
+    name = "fp16-overflow"
+    metrics = {"mse": "lower"}  # noqa: RUF012
+    default_steps = 30
+    default_eval_every = 10
+
+    def __init__(self) -> None:
+        super().__init__(width=16, features=8)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        noise = 300.0 * torch.sin(1e3 * x.sum(dim=1, keepdim=True))  # deterministic, not learnable by the MLP
+        err = (model(x) - y - noise).reshape(1, 1, -1)
+        energy = torch.bmm(err, err.transpose(1, 2))  # autocast runs bmm in fp16/bf16: the overflow
+        return energy.float().reshape(()) / (self.samples_per_batch * 9e4)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        return {"mse": super().evaluate(model, device)["mse"]}
+
+
+class Faulty(Regression):
+    """Each low precision breaks its worker on the 3rd step: bf16 raises, fp16 is SIGKILLed (as by the OOM killer)."""
+
+    name = "faulty"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 3 and torch.is_autocast_enabled("cpu"):
+            if torch.get_autocast_dtype("cpu") == torch.bfloat16:
+                raise RuntimeError("synthetic failure in the bf16 run")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().loss(model, batch)
+
+
+class Slow(Regression):
+    """Sleeps 50 ms a step so a test can interrupt the job while a worker runs."""
+
+    name = "slow"
+    default_steps = 400
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        time.sleep(0.05)
+        return super().loss(model, batch)
+
+
+class Hostile(Regression):
+    """Names that would inject markup if a report forgot to escape them."""
+
+    name = "<script>alert('task')</script>"
+    metrics = {"<img src=x onerror=alert(1)>": "lower", "r2 & $\\alpha$ | x": "higher"}  # noqa: RUF012
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        m = super().evaluate(model, device)
+        return {"<img src=x onerror=alert(1)>": m["mse"], "r2 & $\\alpha$ | x": m["r2"]}
+
+
+class NotATask:
+    name = "not-a-task"
+
+
+task = Regression()

@@ -1,0 +1,139 @@
+"""`ampkit verify` end to end: real worker processes, real reports, the exit codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+from conftest import SYNTHETIC, Job, LibraryJob, cli_command, task_ref, verify
+
+from ampkit.cli.main import main
+from ampkit.verify.recorder import RECORD_KEYS
+from ampkit.verify.report import load_schema
+
+
+def test_verify_passing_task_exits_0_and_writes_three_files(regression_job: Job) -> None:
+    assert regression_job.code == 0
+    assert sorted(p.name for p in regression_job.out.iterdir()) == ["report.html", "report.json", "report.md"]
+    report = regression_job.report
+    assert report["verdict"] == "pass" and [r["precision"] for r in report["runs"]] == ["fp32", "bf16"]
+    bf16 = regression_job.run("bf16")
+    assert bf16["status"] == "ok" and len(bf16["loss"]) == 40 and len(bf16["steps"]) == 40
+    assert all(tuple(r) == RECORD_KEYS for r in bf16["steps"])
+    assert [h["step"] for h in bf16["eval_history"]] == [20, 40]
+    assert bf16["throughput"]["timed_steps"] == 35 and bf16["throughput"]["samples_per_s"] > 0
+    assert bf16["peak_memory_bytes"] > bf16["memory"]["training_bytes"] > 0
+    assert regression_job.run("fp32")["init_sha256"] == bf16["init_sha256"]
+
+
+def test_verify_report_matches_the_json_schema(regression_job: Job) -> None:
+    jsonschema.Draft202012Validator.check_schema(load_schema())
+    jsonschema.validate(regression_job.report, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert regression_job.report["environment"]["matmul_tflops"]["cpu"]["bf16"] > 0
+
+
+def test_verify_schema_rejects_a_record_with_a_missing_key(regression_job: Job) -> None:
+    broken = regression_job.report
+    del broken["runs"][0]["steps"][0]["skipped"]
+    with pytest.raises(jsonschema.ValidationError, match="'skipped' is a required property"):
+        jsonschema.validate(broken, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_verify_same_seed_gives_identical_loss_arrays(regression_job: Job, regression_job_again: LibraryJob) -> None:
+    for precision in ("fp32", "bf16"):
+        first, second = regression_job.run(precision), regression_job_again.run(precision)
+        assert first["loss"] == second["loss"], precision
+        assert first["init_sha256"] == second["init_sha256"] and first["data_sha256"] == second["data_sha256"]
+    # fp32 and bf16 differ (the comparison is not trivially zero) while starting from the same weights
+    assert regression_job.run("fp32")["loss"] != regression_job.run("bf16")["loss"]
+
+
+def test_verify_fp16_overflow_fails_and_exits_1(tmp_path: Path) -> None:
+    job = verify(tmp_path, task_ref("Fp16Overflow"), "--precisions", "fp32,bf16,fp16")
+    assert job.code == 1 and job.report["verdict"] == "fail"
+    assert job.comparison("fp32")["verdict"] == "pass"
+    assert job.comparison("bf16")["verdict"] == "pass"  # bf16 has fp32's range: the same loss is finite
+    fp16 = job.comparison("fp16")
+    assert fp16["verdict"] == "fail"
+    assert job.run("fp16")["status"] == "diverged"
+    assert any("losses non-finite (100.0% > 0.0% allowed)" in r for r in fp16["reasons"])
+    assert job.run("fp16")["nonfinite_steps"] == len(job.run("fp16")["loss"]) == 20
+    jsonschema.validate(job.report, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_verify_crashed_and_killed_runs_are_recorded_and_the_others_run(tmp_path: Path) -> None:
+    job = verify(tmp_path, task_ref("Faulty"), "--precisions", "fp32,bf16,fp16", "--steps", "6", "--warmup", "1")
+    assert job.code == 1
+    assert job.run("fp32")["status"] == "ok" and job.comparison("fp32")["verdict"] == "pass"
+    bf16 = job.run("bf16")
+    assert bf16["status"] == "failed" and bf16["error"] == "RuntimeError: synthetic failure in the bf16 run"
+    assert len(bf16["loss"]) == 2  # the two steps before the crash are kept
+    assert "synthetic failure in the bf16 run" in bf16["log_tail"]
+    # fp16 still ran after bf16 crashed; its process was then killed without writing a result
+    fp16 = job.run("fp16")
+    assert fp16["error"] == "the worker process died from SIGKILL (killed by the OS: out of memory?)"
+    assert job.comparison("fp16")["verdict"] == "fail"
+    assert "synthetic failure in the bf16 run" in (tmp_path / "report.html").read_text()
+    jsonschema.validate(job.report, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["no-such-task"], "is not a built-in task"),
+        ([str(SYNTHETIC) + ":Nope"], "has no attribute 'Nope'"),
+        (["tinygpt", "--precisions", "fp64"], "precision 'fp64' is not known"),
+        (["tinygpt", "--steps", "5", "--warmup", "5"], "--warmup 5 must be smaller than --steps 5"),
+        (["tinygpt", "--steps", "0"], "--steps 0: must be an integer >= 1"),
+        (["tinygpt", "--device", "cuda:7"], "is not available"),
+        (["tinygpt", "--tol-metric", "acc=x"], "is not a number"),
+        (["tinygpt", "--precisions", ","], "--precisions is empty"),
+    ],
+)
+def test_verify_bad_input_exits_2_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["verify", *args, "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_cli_process_exit_status_is_2_for_a_missing_file(tmp_path: Path) -> None:
+    proc = subprocess.run(cli_command("verify", str(tmp_path / "nope.py")), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_verify_progress_events_cover_every_step_of_every_run(regression_job_again: LibraryJob) -> None:
+    events = regression_job_again.events
+    for precision in ("fp32", "bf16"):
+        steps = [e["step"] for p, e in events if p == precision and e["phase"] == "train"]
+        assert steps == list(range(1, 41))
+        assert (precision, {"phase": "done", "status": "ok"}) in events
+    assert [p for p, e in events if e["phase"] == "setup"] == ["fp32", "bf16"]
+
+
+def test_verify_interrupt_leaves_no_report_and_exits_130(tmp_path: Path) -> None:
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    proc = subprocess.Popen(
+        cli_command("verify", task_ref("Slow"), "--out", str(out), "--no-measure-env"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(scratch.glob("ampkit-verify-*/fp32.stderr")):
+        time.sleep(0.2)
+    time.sleep(2.0)  # the fp32 worker is now training
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert not out.exists() or not any(out.iterdir())
+    assert not any(scratch.iterdir())  # the workers' scratch directory is gone too

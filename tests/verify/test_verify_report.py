@@ -1,0 +1,115 @@
+"""The report files: escaping, rendering in a real browser, and throughput that agrees with a stopwatch."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Job, task_ref, verify
+
+import ampkit
+from ampkit.verify.task import load_task
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _chromium() -> str:
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
+
+
+def _dump_dom(html_file: Path) -> tuple[str, str]:
+    """Load the page in headless Chromium; return the DOM after rendering and the browser's log."""
+    proc = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
+         "--v=0", "--virtual-time-budget=2000", "--dump-dom", html_file.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, proc.stderr
+
+
+def _page_errors(log: str) -> list[str]:
+    """Console messages (script errors, CSP refusals such as a blocked network load) from Chromium's log."""
+    return [line for line in log.splitlines() if "CONSOLE" in line or "Refused to" in line]
+
+
+def test_report_html_renders_in_chromium_with_charts_and_no_errors(regression_job: Job, tmp_path: Path) -> None:
+    page = regression_job.out / "report.html"
+    dom, log = _dump_dom(page)
+    assert len(re.findall(r"<svg\b", dom)) == 6  # loss, gap, scale, grad norm, eval, performance
+    assert 'id="verdict"' in dom and ">PASS<" in dom and "<table>" in dom
+    assert _page_errors(log) == []
+    # the same check does catch a page that tries the network: the report's CSP refuses and Chromium logs it
+    leaky = tmp_path / "leaky.html"
+    leaky.write_text(page.read_text().replace("</body>", '<img src="https://example.invalid/x.png"></body>'))
+    _, leaky_log = _dump_dom(leaky)
+    assert _page_errors(leaky_log), "a blocked external load must show in the browser log"
+
+
+def test_report_html_is_self_contained(regression_job: Job) -> None:
+    text = (regression_job.out / "report.html").read_text()
+    assert "<script" not in text and "http-equiv=\"Content-Security-Policy\"" in text
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", text)
+    assert "$\\mathdefault" not in text  # axis labels rendered, not leaked mathtext source
+
+
+def test_report_escapes_names_from_user_code(tmp_path: Path) -> None:
+    job = verify(tmp_path, task_ref("Hostile"), "--precisions", "fp32", "--steps", "4", "--warmup", "1")
+    assert job.code == 0
+    html_text = (tmp_path / "report.html").read_text()
+    md_text = (tmp_path / "report.md").read_text()
+    for text in (html_text, md_text):
+        assert "<script" not in text and "<img" not in text
+        assert "&lt;script&gt;alert(&#x27;task&#x27;)&lt;/script&gt;" in text
+        assert "&lt;img src=x onerror=alert(1)&gt;" in text
+    assert "r2 &amp; $\\alpha$ \\| x" in md_text  # table pipes escaped too
+    assert job.report["task"]["name"] == "<script>alert('task')</script>"  # JSON keeps the data as it is
+    if any(shutil.which(n) for n in CHROMIUM_NAMES):
+        dom, log = _dump_dom(tmp_path / "report.html")
+        assert "<script" not in dom and "<img" not in dom and _page_errors(log) == []
+
+
+def _stopwatch_samples_per_s(task_attr: str, steps: int, warmup: int) -> float:
+    """The training loop of the worker, timed here in the test process with its own clock."""
+    task = load_task(task_ref(task_attr))
+    torch.manual_seed(0)
+    model = task.build_model(0)
+    opt = task.build_optimizer(model)
+    mp = ampkit.MixedPrecision("fp32", device="cpu")
+    mp.prepare(model)
+    stream = iter(task.batches(0, torch.device("cpu")))
+    for step in range(steps):
+        if step == warmup:
+            start = time.perf_counter()
+        batch = next(stream)
+        with mp.autocast():
+            loss = task.loss(model, batch)
+        mp.backward(loss)
+        mp.step(opt)
+    return (steps - warmup) * task.samples_per_batch / (time.perf_counter() - start)
+
+
+def test_report_throughput_agrees_with_an_independent_stopwatch(tmp_path: Path) -> None:
+    # An agreement check between two measurements of one loop, not a speed assertion.  The machine
+    # is shared, so a disagreement is re-measured (at most three rounds) before it counts.
+    ratios = []
+    for attempt in range(3):
+        before = _stopwatch_samples_per_s("WideRegression", 60, 10)
+        job = verify(tmp_path / str(attempt), task_ref("WideRegression"), "--precisions", "fp32", "--steps", "60",
+                     "--warmup", "10", "--eval-every", "30")
+        after = _stopwatch_samples_per_s("WideRegression", 60, 10)
+        reported = job.run("fp32")["throughput"]["samples_per_s"]
+        ratios.append(reported / statistics.mean([before, after]))
+        if abs(ratios[-1] - 1.0) <= 0.10:
+            break
+    assert abs(ratios[-1] - 1.0) <= 0.10, f"report / stopwatch throughput ratios: {ratios}"
