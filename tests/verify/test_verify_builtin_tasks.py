@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 
 import pytest
@@ -53,7 +52,7 @@ def test_digits_task_trains_and_reports_accuracy() -> None:
         opt.zero_grad()
     after = task.evaluate(model, torch.device("cpu"))
     assert task.metrics["accuracy"] == "higher" and 0.0 <= before["accuracy"] <= 1.0
-    assert after["accuracy"] > max(0.5, before["accuracy"]) and math.isfinite(after["test_loss"])
+    assert after["accuracy"] > max(0.5, before["accuracy"]) and set(after) == {"accuracy"}
 
 
 def test_digits_without_scikit_learn_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,7 +67,9 @@ class DigitsTask(TaskBase):
     """Handwritten-digit classification; metric ``accuracy`` on 360 held-out images."""
 
     name = "digits"
-    metrics = {"accuracy": "higher", "test_loss": "lower"}  # noqa: RUF012 - class constant
+    # Accuracy only: the held-out cross-entropy of a classifier this good is ~0.01, and a relative
+    # change of a number that small says nothing (two fp32 seeds differ by 2x).
+    metrics = {"accuracy": "higher"}  # noqa: RUF012 - class constant
     default_steps = 300
     default_warmup = 20
     default_eval_every = 100
@@ -110,6 +112,4 @@ class DigitsTask(TaskBase):
         _, _, x, y = load_digits_tensors()
         logits = model(x.to(device)).float()
         y = y.to(device)
-        stats = torch.stack([(logits.argmax(1) == y).double().mean(), F.cross_entropy(logits, y).double()])
-        accuracy, test_loss = stats.tolist()  # one host sync per evaluation
-        return {"accuracy": accuracy, "test_loss": test_loss}
+        return {"accuracy": float((logits.argmax(1) == y).double().mean())}  # one host sync per evaluation

@@ -80,6 +80,8 @@ class TinyGPTTask(TaskBase):
     default_warmup = 10
     default_eval_every = 40
     lr = 2e-3
+    clip_grad_norm = 1.0
+    """GPT practice: clipping the unscaled global norm keeps early loss spikes from derailing a short run."""
 
     def __init__(self, *, d_model: int = 256, n_layer: int = 4, n_head: int = 4, block_size: int = 256,
                  batch_size: int = 16, eval_windows: int = 32) -> None:

@@ -105,16 +105,18 @@ def loss_gap_chart(report: dict[str, Any], window: int) -> str:
     with _figure("loss-gap") as (fig, (ax,)):
         if base is not None:
             s_base = smooth(base["loss"], window)
+            finite = [b for b in s_base if not math.isnan(b)]
+            extent = (max(finite) - min(finite)) if finite else 0.0
             for run in report["runs"]:
                 if run is base or not run["loss"] or len(run["loss"]) != len(base["loss"]):
                     continue
                 s_run = smooth(run["loss"], window)
-                gap = [100.0 * (r - b) / abs(b) if b else math.nan for r, b in zip(s_run, s_base)]
+                gap = [100.0 * (r - b) / extent if extent else math.nan for r, b in zip(s_run, s_base)]
                 ax.plot(_steps(gap), gap, color=_color(run["precision"]), linewidth=1.5, label=run["precision"])
         ax.axhspan(-100 * tol, 100 * tol, color="#2ca02c", alpha=0.08, label=f"±{tol:.1%} (loss tolerance)")
         ax.axhline(0, color="#333333", linewidth=0.8)
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel("smoothed loss − fp32 (% of fp32)")
+        ax.set_ylabel("smoothed loss − fp32\n(% of fp32's loss range)")
         ax.set_title("Gap to the fp32 loss curve")
         _legend(ax)
         return _svg(fig)

@@ -3,9 +3,11 @@
 Definitions (also in docs/verify.md and in every report):
 
 - **loss-curve distance**: both loss curves are smoothed with a centred moving average of
-  ``w`` steps (non-finite losses left out of each window), restricted to the steps after
-  warm-up, and ``d = mean_t |S_p(t) − S_fp32(t)| / mean_t |S_fp32(t)|`` — the mean absolute gap
-  as a fraction of fp32's loss.  ``w = max(1, round(steps / 20))`` unless given.
+  ``w`` steps (non-finite losses left out of each window) and
+  ``d = mean_{t >= warmup} |S_p(t) − S_fp32(t)| / (max_t S_fp32(t) − min_t S_fp32(t))`` — the
+  mean gap after warm-up in units of how far fp32's loss moved over the run.  Not relative to
+  the loss value itself: a loss that trains towards 0 would turn a negligible gap into a huge
+  ratio.  ``w = max(1, round(steps / 20))`` unless given.
 - **metric worsening**: ``(value − fp32) / |fp32|`` for a lower-is-better metric and
   ``(fp32 − value) / |fp32|`` for a higher-is-better one; being better never fails.
 - **speed-up**: samples/s of the run over fp32's, both measured after warm-up.
@@ -29,8 +31,9 @@ from typing import Any
 __all__ = ["LOSS_DISTANCE_DEFINITION", "Tolerances", "compare_runs", "loss_distance", "smooth"]
 
 LOSS_DISTANCE_DEFINITION = (
-    "d = mean_t |S_p(t) - S_fp32(t)| / mean_t |S_fp32(t)| over the steps after warm-up, where S is "
-    "the loss smoothed by a centred moving average of w steps (non-finite losses excluded)"
+    "d = mean over the steps after warm-up of |S_p(t) - S_fp32(t)|, divided by fp32's loss range "
+    "max S_fp32 - min S_fp32 over the run, where S is the loss smoothed by a centred moving average of "
+    "w steps (non-finite losses excluded): the mean gap in units of how far fp32's loss moved"
 )
 
 
@@ -43,7 +46,7 @@ class Tolerances:
     metric_overrides: dict[str, float] = field(default_factory=dict)
     """Per-metric replacements for ``metric`` (``--tol-metric NAME=VALUE``)."""
     loss: float = 0.03
-    """Largest loss-curve distance (3 % of fp32's loss)."""
+    """Largest loss-curve distance (3 % of the distance fp32's loss travelled)."""
     skipped: float = 0.05
     """Largest fraction of optimizer steps skipped for non-finite gradients (fp16 scale search)."""
     nonfinite: float = 0.0
@@ -77,17 +80,19 @@ def smooth(values: list[float | None], window: int) -> list[float]:
 def loss_distance(run: list[float | None], base: list[float | None], *, warmup: int, window: int) -> float:
     """The loss-curve distance defined above; ``inf`` when the curves cannot be compared.
 
-    >>> round(loss_distance([2.0, 2.2, 2.0], [2.0, 2.0, 2.0], warmup=0, window=1), 4)
-    0.0333
+    >>> base = [4.0, 3.0, 2.0, 1.0, 0.0]
+    >>> round(loss_distance([4.0, 3.0, 2.2, 1.2, 0.2], base, warmup=2, window=1), 6)  # gap 0.2, range 4
+    0.05
     """
-    n = min(len(run), len(base))
-    if n <= warmup or len(run) != len(base):
+    if len(run) != len(base) or len(base) <= warmup:
         return math.inf
-    s_run, s_base = smooth(run, window)[warmup:n], smooth(base, window)[warmup:n]
-    if any(math.isnan(x) for x in s_run + s_base):
+    s_run, s_base = smooth(run, window), smooth(base, window)
+    if any(math.isnan(x) for x in s_run[warmup:] + s_base):
         return math.inf
-    scale = sum(abs(b) for b in s_base) / len(s_base)
-    gap = sum(abs(r - b) for r, b in zip(s_run, s_base)) / len(s_base)
+    gap = sum(abs(r - b) for r, b in zip(s_run[warmup:], s_base[warmup:])) / (len(base) - warmup)
+    scale = max(s_base) - min(s_base)
+    if scale <= 0:  # fp32's loss never moved: fall back to its level so the number stays finite
+        scale = sum(abs(b) for b in s_base) / len(s_base)
     return gap / scale if scale > 0 else (0.0 if gap == 0 else math.inf)
 
 

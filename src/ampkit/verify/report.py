@@ -10,11 +10,14 @@ comes from user code (task and metric names, errors, paths, environment strings)
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
 import os
-from collections.abc import Iterable
+import signal
+import threading
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -278,11 +281,30 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]
     paths = {kind: out / f"report.{kind}" for kind in rendered}
     umask = os.umask(0)
     os.umask(umask)
-    for kind, data in rendered.items():
-        atomic_write_bytes(paths[kind], data)
-        # The temp file is created 0600; a report is meant to be shared, so give it the usual mode.
-        os.chmod(paths[kind], 0o666 & ~umask)
+    with _sigint_deferred():
+        for kind, data in rendered.items():
+            atomic_write_bytes(paths[kind], data)
+            # The temp file is created 0600; a report is meant to be shared, so give it the usual mode.
+            os.chmod(paths[kind], 0o666 & ~umask)
     return paths
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C for the few milliseconds the three writes take, so the files stay one set.
+
+    Each write is atomic on its own; blocking SIGINT (delivered when unblocked) also keeps a
+    new report.json from sitting next to an old report.html.  Main thread on POSIX only.
+    """
+    can_block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if not can_block:
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def summary_table(report: dict[str, Any]) -> Any:
