@@ -27,7 +27,9 @@ def test_verify_passing_task_exits_0_and_writes_three_files(regression_job: Job)
     assert all(tuple(r) == RECORD_KEYS for r in bf16["steps"])
     assert [h["step"] for h in bf16["eval_history"]] == [20, 40]
     assert bf16["throughput"]["timed_steps"] == 35 and bf16["throughput"]["samples_per_s"] > 0
-    assert bf16["peak_memory_bytes"] > bf16["memory"]["training_bytes"] > 0
+    memory = bf16["memory"]
+    assert memory["kind"] == "peak_rss" and bf16["peak_memory_bytes"] == memory["peak_bytes"]
+    assert memory["peak_bytes"] - memory["baseline_bytes"] == memory["training_bytes"] >= 0
     assert regression_job.run("fp32")["init_sha256"] == bf16["init_sha256"]
 
 

@@ -12,8 +12,8 @@ Definitions (also in docs/verify.md and in every report):
   ``(fp32 − value) / |fp32|`` for a higher-is-better one; being better never fails.
 - **speed-up**: samples/s of the run over fp32's, both measured after warm-up.
 - **memory ratio**: the run's training memory over fp32's (CUDA: peak allocated bytes; CPU:
-  peak RSS minus the RSS before the model was built, so the interpreter and torch's own
-  footprint, equal in every run, do not dilute the ratio).
+  peak RSS minus the peak reached before the model was built, so the interpreter and torch's
+  own footprint, equal in every run, do not dilute the ratio).
 
 A run fails when it crashed or diverged, when its initial weights or data differ from fp32's,
 when a metric is non-finite or worse than ``tol.metric``, when the loss distance exceeds

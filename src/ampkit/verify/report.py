@@ -28,7 +28,8 @@ __all__ = ["load_schema", "render_html", "render_json", "render_markdown", "summ
 
 MEMORY_DEFINITION = (
     "CUDA: torch.cuda.max_memory_allocated during the run. CPU: peak resident set size (getrusage) of the run's "
-    "process minus its RSS before the model was built; the ratio compares these training bytes."
+    "process minus the peak it had reached before the model was built (imports); the ratio compares these "
+    "training bytes, and is left out when a run's training bytes are 0 (a model too small to raise the peak)."
 )
 
 

@@ -167,10 +167,10 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
     clock = _Stopwatch(device)
     history: list[dict[str, Any]] = []
     result["eval_history"] = history
+    model.train()  # _evaluate switches back to train mode after each evaluation
     for step in range(steps):
         if step == warmup:
             clock.start()
-        model.train()
         batch = next(stream)
         with mp.autocast():
             loss = task.loss(model, batch)
