@@ -94,6 +94,7 @@ def test_verify_crashed_and_killed_runs_are_recorded_and_the_others_run(tmp_path
         (["tinygpt", "--steps", "0"], "--steps 0: must be an integer >= 1"),
         (["tinygpt", "--device", "cuda:7"], "is not available"),
         (["tinygpt", "--tol-metric", "acc=x"], "is not a number"),
+        (["tinygpt", "--tol-metric", "accuracy=0.01"], "--tol-metric names 'accuracy', which task 'tinygpt' does not"),
         (["tinygpt", "--precisions", ","], "--precisions is empty"),
     ],
 )

@@ -1,9 +1,9 @@
-"""``ampkit env``: the environment record users paste into bug reports.
+"""ampkit env: the environment record users paste into bug reports.
 
 Prints torch/python/CUDA/driver versions, the CPU model and its bf16/fp16 ISA flags, GPUs,
 thread counts, the dtypes autocast accepts per device and the measured matmul throughput per
-dtype per device (``--no-measure`` skips the measurement).  ``--json`` prints the same record
-``ampkit verify`` stores in ``report.json``.
+dtype per device (--no-measure skips the measurement).  --json prints the same record
+`ampkit verify` stores in report.json.
 """
 
 from __future__ import annotations

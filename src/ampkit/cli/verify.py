@@ -1,4 +1,4 @@
-"""``ampkit verify``: run a task under fp32 and low precision, compare, and write the report.
+"""ampkit verify: run a task under fp32 and low precision, compare, and write the report.
 
 Each precision trains in its own fresh process from the same initial weights on the same data;
 the report (DIR/report.json, report.md, report.html) holds loss curves, eval metrics, skipped

@@ -42,11 +42,11 @@ class Tolerances:
     """How far a low-precision run may drift from fp32 and still pass (see docs/verify.md)."""
 
     metric: float = 0.02
-    """Largest relative worsening of any eval metric (2 %: the seed-to-seed spread of fp32 itself)."""
+    """Largest relative worsening of any eval metric (about 4x the seed-to-seed spread of fp32; docs/verify.md)."""
     metric_overrides: dict[str, float] = field(default_factory=dict)
     """Per-metric replacements for ``metric`` (``--tol-metric NAME=VALUE``)."""
     loss: float = 0.03
-    """Largest loss-curve distance (3 % of the distance fp32's loss travelled)."""
+    """Largest loss-curve distance (3 % of fp32's loss range: the low end of two fp32 seeds' distance)."""
     skipped: float = 0.05
     """Largest fraction of optimizer steps skipped for non-finite gradients (fp16 scale search)."""
     nonfinite: float = 0.0

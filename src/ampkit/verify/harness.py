@@ -137,6 +137,10 @@ def plan(config: VerifyConfig) -> Plan:
     if "fp32" not in names:
         notes.append("fp32 added as the baseline every precision is compared with")
     names = ["fp32"] + [n for n in names if n != "fp32"]
+    unknown = sorted(set(config.tolerances.metric_overrides) - set(task.metrics))
+    if unknown:
+        raise VerifyError(f"--tol-metric names {', '.join(map(repr, unknown))}, which task {task.name!r} does not "
+                          f"report; its metrics: {', '.join(task.metrics)}")
     if config.tolerances.smooth is not None and config.tolerances.smooth < 1:
         raise VerifyError(f"--smooth {config.tolerances.smooth}: the smoothing window must be >= 1 step")
     ref = config.task.strip()
