@@ -90,14 +90,16 @@ def _metric_deltas(entry: dict[str, Any]) -> str:
     parts = []
     for name, m in (entry.get("metrics") or {}).items():
         if m.get("delta") is not None:
-            parts.append(f"{name} {m['delta']:+.4g} ({-m['relative_worse']:+.2%})")
+            worse = m["relative_worse"]
+            judged = "same" if worse == 0 else f"{abs(worse):.2%} {'worse' if worse > 0 else 'better'}"
+            parts.append(f"{name} {m['delta']:+.4g} ({judged})")
     return "; ".join(parts) or "—"
 
 
 # -- Markdown ---------------------------------------------------------------------------------------
 def _md(text: Any) -> str:
     """Markdown cell text: HTML-escaped (many viewers render inline HTML) and table-safe."""
-    return html.escape(str(text)).replace("|", "\\|").replace("\n", " ")
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")
 
 
 def _md_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
