@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import SYNTHETIC, Job, LibraryJob, cli_command, task_ref, verify
+from verify_helpers import SYNTHETIC, Job, LibraryJob, cli_command, task_ref, verify
 
 from ampkit.cli.main import main
 from ampkit.verify.recorder import RECORD_KEYS

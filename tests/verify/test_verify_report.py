@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Job, task_ref, verify
+from verify_helpers import Job, task_ref, verify
 
 from ampkit.verify.harness import VerifyConfig, run_verify
 

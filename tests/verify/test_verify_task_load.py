@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SYNTHETIC
+from verify_helpers import SYNTHETIC
 
 import ampkit
 from ampkit.verify.task import TaskBase, TaskLoadError, load_task

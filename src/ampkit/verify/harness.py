@@ -158,8 +158,11 @@ ProgressCallback = Callable[[str, dict[str, Any]], None]
 
 def _worker_env(device: torch.device) -> dict[str, str]:
     env = dict(os.environ)
-    src = str(Path(ampkit.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    src = Path(ampkit.__file__).resolve().parent.parent
+    if src.name not in ("site-packages", "dist-packages"):
+        # A source tree on sys.path (not installed): workers must import this same ampkit.  An
+        # installed one is found anyway, and putting site-packages first could shadow the stdlib.
+        env["PYTHONPATH"] = str(src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONHASHSEED", "0")  # tasks iterating over sets see one order in every run
     if device.type == "cuda":
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed for deterministic cuBLAS
@@ -184,10 +187,10 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
             "warmup": p.warmup, "seed": p.seed, "eval_every": p.eval_every, "result": str(result_path)}
     spec_path.write_text(json.dumps(spec))
     stdout_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-    with open(workdir / f"{precision}.stderr", "w+") as stderr:
+    with open(workdir / f"{precision}.stderr", "wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ampkit.verify.worker", str(spec_path)],
-            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True, bufsize=1,
+            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
             env=_worker_env(p.device),
         )
         try:
@@ -207,8 +210,8 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        stderr.seek(0)
-        stderr_tail = stderr.read().splitlines()[-LOG_TAIL_LINES:]
+        with open(workdir / f"{precision}.stderr", errors="replace") as written:
+            stderr_tail = written.read().splitlines()[-LOG_TAIL_LINES:]
     log_tail = "\n".join([*stdout_tail, *stderr_tail]) or None
     if result_path.exists():
         result: dict[str, Any] = json.loads(result_path.read_text())
