@@ -272,6 +272,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _json_safe(obj: Any) -> Any:
+    """Non-finite floats become None (strict JSON has no NaN); a task's values may hold them anywhere."""
+    if isinstance(obj, float):
+        return _finite_or_none(obj)
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def main(argv: list[str] | None = None) -> int:
     from ampkit.checkpoint import atomic_write_bytes
 
@@ -280,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m ampkit.verify.worker SPEC.json (written by `ampkit verify`)", file=sys.stderr)
         return 2
     spec = json.loads(Path(args[0]).read_text())
-    result = run(spec)
+    result = _json_safe(run(spec))
     atomic_write_bytes(spec["result"], json.dumps(result, allow_nan=False).encode())
     return 0 if result["status"] == "ok" else 1
 
