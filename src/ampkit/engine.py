@@ -324,7 +324,13 @@ class MixedPrecision:
     # -- internals ---------------------------------------------------------------------------------
     @staticmethod
     def _as_list(optimizers: Any) -> list[torch.optim.Optimizer]:
-        opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        if isinstance(optimizers, torch.optim.Optimizer):
+            opts = [optimizers]
+        else:
+            try:
+                opts = list(optimizers)
+            except TypeError:
+                opts = []
         if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
             raise TypeError(
                 f"mp.step() takes a torch.optim.Optimizer or a list of them, got {optimizers!r}"
@@ -389,7 +395,13 @@ class MixedPrecision:
             self._check_param(p, where=f"parameter {name!r}")
 
     def _check_param(self, p: torch.Tensor, where: str) -> None:
-        if p.device.type != self.device.type and p.device.type != "meta":
+        if p.device.type == "meta":
+            raise RuntimeError(
+                f"{where} is on the meta device (allocated without storage), so it cannot be trained; "
+                f"materialise the model first with model.to_empty(device={str(self.device)!r}) and load "
+                "or initialise its weights"
+            )
+        if p.device.type != self.device.type:
             raise RuntimeError(
                 f"{where} lives on {p.device} but the engine was built for {self.device}; move the model "
                 f"with model.to({str(self.device)!r}) before building the optimizer, or build "
