@@ -160,7 +160,12 @@ class MixedPrecision:
         self._opt_states: dict[int, _OptState] = {}
         self._warned: set[str] = set()
         self.found_inf_reducer: Callable[[torch.Tensor], torch.Tensor] | None = None
-        """Set by ``ampkit.distributed``: makes every rank take the same skip decision."""
+        """Set by ``ampkit.distributed``: makes every rank take the same skip decision.
+
+        While one is set, each rank checks only its local gradient shards (``DTensor.to_local``)
+        and the reducer makes the result global.  It may return before its collective completes
+        if it has a ``wait()`` method: the engine calls ``wait()`` after clipping, right before
+        the step-or-skip decision reads ``found_inf``."""
         self.telemetry: Any = None
         self.doctor: Any = None
         if telemetry is not None:
@@ -258,6 +263,9 @@ class MixedPrecision:
         if self.found_inf_reducer is not None:
             per_opt_found = [self.found_inf_reducer(f) for f in per_opt_found]
         grad_norm = self._clip_and_norm(opts)
+        wait = getattr(self.found_inf_reducer, "wait", None)
+        if wait is not None:
+            wait()  # an asynchronous reduction overlapped the clip above; found_inf is read next
         found_inf = per_opt_found[0] if len(per_opt_found) == 1 else torch.stack(per_opt_found).sum()
         for hook in self.hooks:
             hook.before_optimizer_step(self, opts, found_inf, grad_norm)
@@ -338,7 +346,13 @@ class MixedPrecision:
     def _unscale(self, opt: torch.optim.Optimizer) -> torch.Tensor:
         found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.scaler.enabled or self.skip_nonfinite:
-            self.scaler.unscale_(self._grads(opt), found_inf)
+            grads = self._grads(opt)
+            if self.found_inf_reducer is not None:
+                # The reducer makes found_inf global, so check this rank's shards only; a sharded
+                # (DTensor) gradient would otherwise run one blocking all-reduce per dtype group.
+                with torch.no_grad():  # to_local() then returns the shard itself, no autograd node
+                    grads = [_local_shard(g) for g in grads]
+            self.scaler.unscale_(grads, found_inf)
         return found_inf
 
     def _clip_and_norm(self, opts: Sequence[torch.optim.Optimizer]) -> torch.Tensor | None:
@@ -417,6 +431,12 @@ class MixedPrecision:
 
     def __iter__(self) -> Iterator[Any]:  # pragma: no cover - guard against `for x in mp`
         raise TypeError("MixedPrecision is not iterable; use mp.autocast(), mp.backward(loss), mp.step(opt)")
+
+
+def _local_shard(grad: torch.Tensor) -> torch.Tensor:
+    # DTensor.to_local() returns the shard's own tensor, so unscaling it in place unscales the grad.
+    to_local = getattr(grad, "to_local", None)
+    return to_local() if to_local is not None else grad
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
