@@ -219,9 +219,9 @@ def scenario_ddp_nan(out: Path) -> None:
     save(out, "ddp_nan", run)
 
 
-def _fsdp_resmlp(precision: str, *, dropout: float = 0.0, scaler: Any = None):
+def _fsdp_resmlp(precision: str, *, dropout: float = 0.0, scaler: Any = None, grad_accumulation: int = 1):
     model = ResMLP(dropout=dropout)
-    mp = ampkit.MixedPrecision(precision, device="cpu", scaler=scaler)
+    mp = ampkit.MixedPrecision(precision, device="cpu", scaler=scaler, grad_accumulation=grad_accumulation)
     ad.shard(model, mp)
     mp.prepare(model)
     ctx = ad.setup(mp)
@@ -336,6 +336,25 @@ def scenario_ddp_accumulation(out: Path) -> None:
         results[label] = {"reduced_at": reduced_at, "params": full_params(model),
                           "optimizer_steps": mp.optimizer_steps}
     save(out, "ddp_accumulation", results)
+
+
+def scenario_fsdp_accumulation(out: Path) -> None:
+    results: dict[str, Any] = {}
+    for label in ("no_sync", "always_sync"):
+        seed_everything("fsdp_accumulation", per_rank=False)
+        model, mp, _ = _fsdp_resmlp("fp32", grad_accumulation=3)
+        opt = fused_adamw(model.parameters())
+        sharded_grad_after_micro = []
+        for i in range(9):
+            x, y = regression_batch(200 + i, 8, (rank(), world()))
+            window = ad.no_sync(mp, model) if label == "no_sync" else contextlib.nullcontext()
+            with window:
+                mp.backward(F.mse_loss(model(x), y))
+            # A reduce-scatter leaves a sharded .grad; without one the gradients wait unsharded.
+            sharded_grad_after_micro.append(model.inp.weight.grad is not None)
+            mp.step(opt)
+        results[label] = {"sharded_grad": sharded_grad_after_micro, "params": full_params(model)}
+    save(out, "fsdp_accumulation", results)
 
 
 def scenario_fsdp_vs_ddp(out: Path) -> None:
@@ -491,6 +510,7 @@ MAIN = [
     scenario_fsdp_shard_nan,
     scenario_ddp_vs_single,
     scenario_ddp_accumulation,
+    scenario_fsdp_accumulation,
     scenario_fsdp_vs_ddp,
     scenario_resume_reference,
 ]

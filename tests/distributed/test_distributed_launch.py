@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from _dist_testlib import launch
 
@@ -60,7 +62,7 @@ def test_distributed_public_names_resolve():
 def _running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie waiting to be reaped."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
@@ -68,13 +70,13 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_distributed_launch_torchrun_timeout_kills_every_process(tmp_path):
-    result = launch("dist_sleeper", [], tmp_path, timeout=25.0)
+    result = launch("dist_sleeper", [], tmp_path, timeout=20.0)
     assert result.timed_out and not result.ok
     pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]  # both workers had started
     for rank, pid in enumerate(pids):
         assert "started" in result.ranks[rank].stdout
         assert not _running(pid), f"rank {rank} (pid {pid}) outlived the timeout"
-    assert result.wall_s < 25.0 + 2 * 10.0 + 5.0
+    assert result.wall_s < 20.0 + 2 * 10.0 + 5.0
     assert "timed out" in result.describe()
 
 

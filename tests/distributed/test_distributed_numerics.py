@@ -61,6 +61,17 @@ def test_distributed_ddp_accumulation_all_reduces_once_per_optimizer_step(main_r
             torch.testing.assert_close(p, res["always_sync"]["params"][name], rtol=1e-6, atol=1e-7, msg=name)
 
 
+def test_distributed_no_sync_defers_fsdp_reduce_scatter_to_the_boundary(main_run):
+    _, load = main_run
+    for rank in (0, 1):
+        res = load("fsdp_accumulation", rank)
+        # 9 micro-batches, grad_accumulation=3: sharded gradients appear only on the last of each window.
+        assert res["no_sync"]["sharded_grad"] == [False, False, True] * 3
+        assert res["always_sync"]["sharded_grad"] == [True] * 9
+        for name, p in res["no_sync"]["params"].items():
+            torch.testing.assert_close(p, res["always_sync"]["params"][name], rtol=1e-6, atol=1e-7, msg=name)
+
+
 def test_distributed_fsdp_bf16_final_loss_matches_ddp_bf16(main_run):
     _, load = main_run
     res = load("fsdp_vs_ddp", 0)

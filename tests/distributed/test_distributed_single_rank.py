@@ -196,3 +196,12 @@ def test_distributed_ddp_checkpoint_round_trip_and_foreign_file(tmp_path):
     ampkit.save_checkpoint(tmp_path / "plain.pt", model=model, optimizer=opt, engine=mp)
     with pytest.raises(CheckpointError, match="restore_rng=False"):
         ad.load_ddp_checkpoint(tmp_path / "plain.pt", model=model, optimizer=opt, engine=mp)
+
+
+def test_distributed_ddp_checkpoint_failure_on_a_rank_is_raised_as_checkpoint_error(tmp_path):
+    model = nn.parallel.DistributedDataParallel(Tiny())
+    mp = ampkit.MixedPrecision("bf16", device="cpu")
+    ad.setup(mp)
+    with pytest.raises(CheckpointError, match=r"failed on 1 rank\(s\):\n  rank 0: TypeError: .*set"):
+        ad.save_ddp_checkpoint(tmp_path / "ddp.pt", model=model, engine=mp, extra={"tags": {"a", "b"}})
+    assert not any(tmp_path.iterdir())

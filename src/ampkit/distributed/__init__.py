@@ -17,6 +17,7 @@ multi-rank run should have::
   the precision (param dtype = the precision's, reduce dtype = fp32).
 * ``save/load_ddp_checkpoint`` (one file, rank 0 writes) and ``save/load_distributed_checkpoint``
   (``torch.distributed.checkpoint``), both with the engine, scaler and per-rank RNG states.
+* ``no_sync(mp, model)``: accumulation without communication for DDP and FSDP2.
 * ``first_nonfinite_rank`` / ``nonfinite_ranks``: which rank a NaN started on (a sync).
 * ``launch_torchrun`` and ``scaling_efficiency``: run a module on N local ranks and score it.
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         setup,
     )
     from ampkit.distributed._shard import mixed_precision_policy, shard
+    from ampkit.distributed._sync import no_sync
 
 # Public name -> private module.  Loaded on first use: DCP and FSDP take about a second to
 # import, which `ampkit verify --nproc` and the launch helpers do not need.
@@ -68,6 +70,7 @@ _LAZY = {
     "load_ddp_checkpoint": "_checkpoint",
     "load_distributed_checkpoint": "_checkpoint",
     "mixed_precision_policy": "_shard",
+    "no_sync": "_sync",
     "nonfinite_ranks": "_setup",
     "save_ddp_checkpoint": "_checkpoint",
     "save_distributed_checkpoint": "_checkpoint",
@@ -89,6 +92,7 @@ __all__ = [
     "load_ddp_checkpoint",
     "load_distributed_checkpoint",
     "mixed_precision_policy",
+    "no_sync",
     "nonfinite_ranks",
     "save_ddp_checkpoint",
     "save_distributed_checkpoint",

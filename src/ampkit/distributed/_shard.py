@@ -144,7 +144,8 @@ def shard(
     fp32_policy = mixed_precision_policy(Precision(name="fp32", device=prec.device))
     names = {id(m): n for n, m in model.named_modules()}
     for block in _resolve_blocks(model, blocks):
-        units[id(block)] = (names[id(block)], block, policy)
+        if any(True for _ in block.parameters()):  # a parameter-free block has nothing to shard
+            units[id(block)] = (names[id(block)], block, policy)
     for name in kept_names:
         module = modules[name]
         if name and any(True for _ in module.parameters()):
