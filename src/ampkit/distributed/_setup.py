@@ -107,7 +107,8 @@ class DistributedContext(EngineHook):
     Calling it starts the all-reduce(MAX) of one optimizer's ``found_inf`` (asynchronous);
     ``wait()`` completes every pending one (the engine calls it before the step decision).
     As an ``EngineHook`` (first in ``engine.hooks``) it keeps this rank's local verdicts of the
-    last boundary, read by ``nonfinite_ranks()`` / ``first_nonfinite_rank()``.
+    last boundary, read by ``nonfinite_ranks()`` / ``first_nonfinite_rank()``.  Telemetry and the
+    doctor find it in ``engine.hooks`` (``isinstance(h, DistributedContext)``).
     """
 
     def __init__(self, engine: MixedPrecision, group: ProcessGroup = None) -> None:
