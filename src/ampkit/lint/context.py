@@ -89,6 +89,14 @@ class FileContext:
                 col = len(raw[:col].decode("utf-8", "replace"))
         return line, col + 1
 
+    def segment(self, node: ast.AST) -> str:
+        """The source text of a one-line node (``ast.unparse`` for longer ones)."""
+        line, end = getattr(node, "lineno", 0), getattr(node, "end_lineno", None)
+        if line == end and 0 < line <= len(self.lines):
+            raw = self.lines[line - 1][node.col_offset:node.end_col_offset]  # type: ignore[attr-defined]
+            return raw.decode("utf-8", "replace")
+        return ast.unparse(node)
+
     # -- names ---------------------------------------------------------------------------------
     def qualname(self, node: ast.AST) -> str | None:
         """Fully qualified dotted name of ``node`` through the file's imports, else None.

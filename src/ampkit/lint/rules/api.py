@@ -80,7 +80,22 @@ def _compat_branch(ctx: FileContext, node: ast.AST) -> bool:
             return True
         if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test and _is_version_test(parent.test):
             return True
+        if isinstance(child, ast.stmt) and _after_version_return(parent, child):
+            return True
         child, parent = parent, parents.get(id(parent))
+    return False
+
+
+def _after_version_return(parent: ast.AST, stmt: ast.stmt) -> bool:
+    # if torch_version >= (2, 4): return torch.amp.GradScaler("cuda")
+    # return torch.cuda.amp.GradScaler()          <- the implicit else branch
+    for fld in ("body", "orelse", "finalbody"):
+        block = getattr(parent, fld, None)
+        if isinstance(block, list) and any(s is stmt for s in block):
+            for before in block[: next(i for i, s in enumerate(block) if s is stmt)]:
+                if (isinstance(before, ast.If) and before.body and isinstance(before.body[-1], (ast.Return, ast.Raise))
+                        and _is_version_test(before.test)):
+                    return True
     return False
 
 

@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Iterator
 
-from ampkit.lint.astutil import BF16_MAX, FP16_MAX, Const, call_arg, fold_constant, last_name
+from ampkit.lint.astutil import BF16_MAX, FP16_MAX, Const, call_arg, expr_key, fold_constant, last_name
 from ampkit.lint.context import LOW, FileContext
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.flow import Scope, Site
@@ -40,8 +40,13 @@ def _is_fp32(ctx: FileContext, node: ast.AST, scope: Scope, depth: int = 0) -> b
             dtype = call_arg(node, None, "dtype") or next(iter(node.args), None)
             return ctx.dtype_of(dtype, scope) in ("fp32", "fp64")
     if isinstance(node, (ast.Name, ast.Attribute)):
-        value = ctx.value_of(node, scope)
-        return value is not None and _is_fp32(ctx, value, scope, depth + 1)
+        # `scores = scores.float()` earlier in the scope: silent, even if the name has other bindings.
+        key = expr_key(node)
+        use = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+        for value in (ctx.lookup(key, scope) or ()) if key else ():
+            if value is not None and (value.lineno, value.col_offset) < use \
+                    and _is_fp32(ctx, value, scope, depth + 1):
+                return True
     return False
 
 
@@ -146,7 +151,7 @@ def _check_write(ctx: FileContext, scope: Scope, op: str, tensor: ast.expr | Non
         const = _out_of_range(value, limit, ints=False)
     if const is None or value is None:
         return None
-    text = ast.unparse(value)
+    text = ctx.segment(value)
     return (f"{text} is outside the {label} range (±{limit:.6g}): {op} on a {label} tensor overflows "
             "(an error, or ±inf that turns softmax into NaN); use torch.finfo(tensor.dtype).min / .max")
 
