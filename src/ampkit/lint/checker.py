@@ -169,13 +169,24 @@ def lint_file(path: str, codes: frozenset[str] = ALL_CODES, fix: bool = False) -
 
             new_data, fixed = apply_fixes(ctx, violations)
             if fixed:
-                from ampkit.checkpoint import atomic_write_bytes
-
-                atomic_write_bytes(path, new_data)
+                if data.startswith(codecs.BOM_UTF8):
+                    new_data = codecs.BOM_UTF8 + new_data
+                _write_source(path, new_data)
                 violations, _ = _lint(new_data, path, codes)
     except RecursionError:
         return _unparsable(path, "nesting too deep to analyse", 1, 1, codes), 0, lines
     return violations, fixed, lines
+
+
+def _write_source(path: str, data: bytes) -> None:
+    """Replace a source file atomically (temp file, fsync, rename), through symlinks, keeping its mode."""
+    from ampkit.checkpoint import atomic_write_bytes
+
+    target = os.path.realpath(path)
+    mode = os.stat(target).st_mode & 0o7777
+    atomic_write_bytes(target, data)
+    # The temporary file is created 0600; until this chmod the file is only stricter, never wider.
+    os.chmod(target, mode)
 
 
 def lint_paths(paths: Sequence[str], codes: frozenset[str] = ALL_CODES, exclude: Sequence[str] = (),

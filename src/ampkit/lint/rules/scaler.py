@@ -174,22 +174,27 @@ def _dict_entries(ctx: FileContext, scope: Scope, obj: ast.expr,
         return [(kw.arg, kw.value) for kw in obj.keywords]
     if not isinstance(obj, ast.Name):
         return None
-    values = scope.bindings.get(obj.id)
-    if values is None or len(values) != 1 or values[0] is None:
-        return None
-    entries = _dict_entries(ctx, scope, values[0], save)
+    # The binding in force at the save: the last one before it in source order.
+    save_pos = (save.lineno, save.col_offset)
+    values = scope.bindings.get(obj.id, [])
+    before = [v for v in values if v is not None and (v.lineno, v.col_offset) < save_pos]
+    if not before or len(before) < sum(1 for v in values if v is None or (v.lineno, v.col_offset) < save_pos):
+        return None  # unknown bindings (parameters, loop targets) may be the one in force
+    bound = max(before, key=lambda v: (v.lineno, v.col_offset))
+    entries = _dict_entries(ctx, scope, bound, save)
     if entries is None:
         return None
+    window = ((bound.lineno, bound.col_offset), save_pos)
     for site in scope.assigns:  # ckpt["scaler"] = scaler.state_dict()
         stmt = site.node
-        if isinstance(stmt, ast.Assign):
+        if isinstance(stmt, ast.Assign) and window[0] < site.pos < window[1]:
             for target in stmt.targets:
                 if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
                         and target.value.id == obj.id):
                     entries.append((const_str(target.slice), stmt.value))
     for site in scope.calls:  # ckpt.update(...), helper(ckpt): the dict escapes, cannot decide
         call = site.node
-        if call is save:
+        if call is save or not window[0] < site.pos < window[1]:
             continue
         assert isinstance(call, ast.Call)
         func = call.func
