@@ -205,6 +205,12 @@ class FileContext:
                    for scope in self.scopes for site in scope.calls)
 
     @cached_property
+    def imports_torch(self) -> bool:
+        """True when the file imports torch (its tensors may be torch tensors, not numpy arrays)."""
+        return any(target is not None and (target == "torch" or target.startswith("torch."))
+                   for target in self.flow.imports.values())
+
+    @cached_property
     def mentions_low_precision(self) -> bool:
         """True when the file itself speaks of fp16/bf16 (autocast, half(), a low dtype, a scaler)."""
         source = self.source

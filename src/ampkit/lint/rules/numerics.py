@@ -107,6 +107,8 @@ def _fills(ctx: FileContext, scope: Scope, site: Site) -> Iterator[tuple[str, as
       needs=(("masked_fill", "fill_(", "where(", "full(", "full_like(", "] ="),
              (re.compile(rb"\d[eE]\+?\d|\*\*\s*\d|finfo|float_info|\d{6}"),)))
 def amp105(ctx: FileContext) -> Iterator[Hit]:
+    if not ctx.imports_torch:
+        return  # numpy arrays and friends: not our concern
     for scope in ctx.scopes:
         for site in scope.calls:
             for op, tensor, value, dtype in _fills(ctx, scope, site):
