@@ -66,11 +66,23 @@ class Rule:
     check: Callable[[FileContext], Iterable[Hit]]
     """The check itself; it yields ``(node, message)`` for each violation."""
 
-    def wanted(self, source: bytes) -> bool:
-        """True when ``source`` passes the substring screen (a necessary, not sufficient, condition)."""
-        return all(any(token.search(source) is not None if isinstance(token, re.Pattern) else token in source
-                       for token in group)
-                   for group in self.needs)
+    def wanted(self, source: bytes, seen: dict[bytes | re.Pattern[bytes], bool] | None = None) -> bool:
+        """True when ``source`` passes the substring screen (a necessary, not sufficient, condition).
+
+        ``seen`` caches each token's answer across the rules screening the same file.
+        """
+        cache: dict[bytes | re.Pattern[bytes], bool] = {} if seen is None else seen
+        for group in self.needs:
+            for token in group:
+                found = cache.get(token)
+                if found is None:
+                    found = (token.search(source) is not None) if isinstance(token, re.Pattern) else token in source
+                    cache[token] = found
+                if found:
+                    break
+            else:
+                return False
+        return True
 
 
 def rule(*, code: str, name: str, summary: str,

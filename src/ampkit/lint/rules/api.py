@@ -206,7 +206,7 @@ _LOADERS = frozenset({"torch.load", "torch.serialization.load"})
 
 @rule(code="AMP113", name="unsafe-torch-load",
       summary="torch.load without weights_only=True",
-      needs=(("load(",),))
+      needs=(("torch.load(", "serialization.load(", "import torch as", "import load"),))
 def amp113(ctx: FileContext) -> Iterator[Hit]:
     for _, site in ctx.calls():
         call = site.node

@@ -102,10 +102,19 @@ def _fills(ctx: FileContext, scope: Scope, site: Site) -> Iterator[tuple[str, as
             yield name, call_arg(call, 0, "input"), call_arg(call, 1, "fill_value"), dtype
 
 
+# Screens (each a literal or a regex that starts with one, so a file is scanned at memchr speed):
+# a float beyond 65504 (1e5.., 2**16.., 100000.0) or a named float limit; an integer beyond it only
+# matters as an explicit fp16 fill (torch.full / new_full); `t[i] = <big>` on one line.
+_BIG_EXPONENT = re.compile(rb"[0-9][eE]\+?[5-9]|[0-9][eE]\+?[0-9][0-9]")
+_BIG_POWER = re.compile(rb"\*\*\s*(?:1[6-9]|[2-9]\d|\d{3})")
+_BIG_INT_FILL = re.compile(rb"full\([^\n]*\b(?:6[5-9]\d{3}|[7-9]\d{4}|\d{6})")
+_INDEXED_BIG = re.compile(rb"\][ \t]*=[ \t]*[^\n]*(?:\d[eE]\+?(?:[5-9]|\d\d)|finfo|float_info|\*\*|\d{5})")
+
+
 @rule(code="AMP105", name="constant-outside-fp16-range",
       summary="a constant outside the fp16 range written into a tensor that may be low precision",
-      needs=(("masked_fill", "fill_(", "where(", "full(", "full_like(", "] ="),
-             (re.compile(rb"\d[eE]\+?\d|\*\*\s*\d|finfo|float_info|\d{6}"),)))
+      needs=((_BIG_EXPONENT, _BIG_POWER, "0000.", "finfo", "float_info", _BIG_INT_FILL),
+             ("masked_fill", "fill_(", "where(", "full(", _INDEXED_BIG)))
 def amp105(ctx: FileContext) -> Iterator[Hit]:
     if not ctx.imports_torch:
         return  # numpy arrays and friends: not our concern
@@ -225,7 +234,7 @@ def _bce_input(ctx: FileContext, call: ast.Call, scope: Scope) -> ast.expr | Non
 
 @rule(code="AMP106", name="hand-written-log-softmax",
       summary="log(softmax(x)) / log(sigmoid(x)) by hand, or binary_cross_entropy on a sigmoid output",
-      needs=(("softmax", "sigmoid", "expit"), ("log", "binary_cross_entropy", "BCELoss")))
+      needs=(("softmax", "sigmoid", "expit"), ("log(", "binary_cross_entropy", "BCELoss")))
 def amp106(ctx: FileContext) -> Iterator[Hit]:
     for scope in ctx.scopes:
         for site in scope.calls:
@@ -303,9 +312,14 @@ def _accumulations(scope: Scope, name: str) -> Iterator[tuple[ast.AST, Site]]:
             yield site.node, site
 
 
+# Screen: a factory with a 16-bit dtype on one line, or a name bound to a 16-bit dtype.
+_LOW_FACTORY = re.compile(rb"(?:zeros|ones|empty|full|tensor)(?:_like)?\([^\n]*(?:float16|bfloat16|half)")
+_LOW_DTYPE_BINDING = re.compile(rb"=[ \t]*torch\.(?:float16|half|bfloat16)\b")
+
+
 @rule(code="AMP114", name="low-precision-accumulator",
       summary="a running accumulator kept in fp16/bf16 and updated in a loop",
-      needs=(("float16", ".half(", "bfloat16", "torch.half"), ("+=", "-=", "add_(", "sub_(", " + ", " - ")))
+      needs=(("float16", "bfloat16", "half"), ("+=", "-=", "add_(", "sub_("), (_LOW_FACTORY, _LOW_DTYPE_BINDING)))
 def amp114(ctx: FileContext) -> Iterator[Hit]:
     for scope in ctx.scopes:
         for name, values in scope.bindings.items():
