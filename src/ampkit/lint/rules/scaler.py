@@ -20,7 +20,7 @@ _SCALER_METHODS = frozenset({"unscale_", "step", "update"})
 _SCALER_TOKENS = ("GradScaler", "unscale_", ".scale(")
 
 
-def _events(scope: Scope) -> dict[tuple[str, str], list[Site]]:
+def _events(ctx: FileContext, scope: Scope) -> dict[tuple[str, str], list[Site]]:
     """(kind, scaler key) -> sites, kind in backward (scaled) / unscale_ / step / update."""
     events: dict[tuple[str, str], list[Site]] = defaultdict(list)
     for site in scope.calls:
@@ -28,7 +28,10 @@ def _events(scope: Scope) -> dict[tuple[str, str], list[Site]]:
         if not isinstance(func, ast.Attribute):
             continue
         if func.attr == "backward":
-            key = scaled_receiver(func.value)
+            receiver = func.value
+            if isinstance(receiver, ast.Name):  # scaled = scaler.scale(loss); scaled.backward()
+                receiver = ctx.value_of(receiver, scope) or receiver
+            key = scaled_receiver(receiver)
             if key:
                 events["backward", key].append(site)
         elif func.attr in _SCALER_METHODS:
@@ -54,7 +57,7 @@ def _is_clip(ctx: FileContext, call: ast.Call) -> bool:
       needs=(("clip_grad",), ("scale(",)))
 def amp102(ctx: FileContext) -> Iterator[Hit]:
     for scope in ctx.scopes:
-        events = _events(scope)
+        events = _events(ctx, scope)
         backwards = [(site, key) for (kind, key), sites in events.items() if kind == "backward"
                      for site in sites]
         if not backwards:
@@ -96,7 +99,7 @@ def _boundary_ifs(site: Site, loop: ast.AST) -> list[ast.If]:
       needs=(("scale(",), ("backward",), ("update(", "unscale_(")))
 def amp103(ctx: FileContext) -> Iterator[Hit]:
     for scope in ctx.scopes:
-        events = _events(scope)
+        events = _events(ctx, scope)
         reported: set[int] = set()
         for (kind, key), backwards in events.items():
             if kind != "backward":
@@ -161,7 +164,7 @@ def _visible_scalers(ctx: FileContext, scope: Scope) -> set[str]:
                     if key.startswith("self.") and any(ctx.scaler_call(v) is not None for v in values):
                         keys.add(key)
         keys.update(k for k in ctx.scaler_usage_keys if k.startswith("self."))
-    keys.update(key for (kind, key) in _events(scope) if kind == "backward")
+    keys.update(key for (kind, key) in _events(ctx, scope) if kind == "backward")
     return keys
 
 
@@ -257,7 +260,7 @@ def amp111(ctx: FileContext) -> Iterator[Hit]:
         regions = ctx.autocast_withs(scope)
         if not regions or any(info.dtype != "bf16" for _, info in regions):
             continue  # no autocast, or an fp16 / undecidable one that does need the scaler
-        keys = {key for (kind, key) in _events(scope) if kind == "backward"}
+        keys = {key for (kind, key) in _events(ctx, scope) if kind == "backward"}
         for site in scope.calls:
             func = site.node.func  # type: ignore[attr-defined]
             if isinstance(func, ast.Attribute) and func.attr == "scale" and site.node.args:  # type: ignore[attr-defined]
@@ -341,7 +344,7 @@ def amp116(ctx: FileContext) -> Iterator[Hit]:
     for scope in ctx.scopes:
         if not scope.jumps:
             continue
-        events = _events(scope)
+        events = _events(ctx, scope)
         reported: set[int] = set()
         for (kind, key), sites in events.items():
             if kind not in ("step", "unscale_") or not ctx.is_scaler(key, scope):
