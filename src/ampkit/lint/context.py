@@ -45,9 +45,9 @@ class Autocast:
 
     call: ast.Call
     device: str | None
-    """"cuda", "cpu", ... or None when not a literal."""
+    """The device type when it is a literal (``cuda``, ``cpu``, ...), else None."""
     dtype: str | None
-    """"fp16" / "bf16" / "fp32" or None when it cannot be decided."""
+    """``fp16`` / ``bf16`` / ``fp32``, or None when it cannot be decided."""
     enabled: bool | None
     """False only for a literal ``enabled=False``; None when decided at run time."""
 
@@ -74,6 +74,11 @@ class FileContext:
         for scope in self.flow.scopes:
             for site in scope.calls:
                 yield scope, site
+
+    @cached_property
+    def parents(self) -> dict[int, ast.AST]:
+        """``id(node)`` -> parent node, for the few rules that look upwards (a full walk: lazy)."""
+        return {id(child): node for node in ast.walk(self.tree) for child in ast.iter_child_nodes(node)}
 
     @cached_property
     def lines(self) -> list[bytes]:
@@ -151,7 +156,7 @@ class FileContext:
 
     # -- dtypes and autocast -------------------------------------------------------------------
     def dtype_of(self, node: ast.AST | None, scope: Scope, depth: int = 0) -> str | None:
-        """"fp16" / "bf16" / "fp32" / "fp64" for a dtype expression (following one binding)."""
+        """``fp16`` / ``bf16`` / ``fp32`` / ``fp64`` for a dtype expression (following one binding)."""
         if node is None or depth > 4:
             return None
         name = self.qualname(node)

@@ -62,18 +62,10 @@ def deprecated_references(ctx: FileContext) -> Iterator[tuple[ast.expr, str, ast
 _VERSION_WORDS = re.compile(r"version|torch_(?:greater|less|ge|gt|le|lt)|torch_\d", re.IGNORECASE)
 
 
-def _parents(ctx: FileContext) -> dict[int, ast.AST]:
-    cached = ctx.__dict__.get("_amp101_parents")
-    if cached is None:
-        cached = {id(child): node for node in ast.walk(ctx.tree) for child in ast.iter_child_nodes(node)}
-        ctx.__dict__["_amp101_parents"] = cached
-    return cached
-
-
 def _compat_branch(ctx: FileContext, node: ast.AST) -> bool:
     """True inside a torch-version / feature check or an ``except`` fallback: the old API is then
     the deliberate choice for old releases (``GradScaler("cuda") if TORCH_2_4 else torch.cuda.amp...``)."""
-    parents = _parents(ctx)
+    parents = ctx.parents
     child, parent = node, parents.get(id(node))
     while parent is not None:
         if isinstance(parent, ast.ExceptHandler):

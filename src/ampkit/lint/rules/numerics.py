@@ -187,7 +187,7 @@ def _strip_epsilon(node: ast.expr) -> ast.expr:
 
 
 def _probability_kind(ctx: FileContext, node: ast.expr, scope: Scope, depth: int = 0) -> str | None:
-    """"softmax" / "sigmoid" when ``node`` is (bound to) such an output, else None."""
+    """``softmax`` / ``sigmoid`` when ``node`` is (bound to) such an output, else None."""
     node = _strip_epsilon(node)
     if isinstance(node, ast.Call):
         name = ctx.qualname(node.func)
@@ -266,7 +266,7 @@ _CASTS = {"half": "fp16", "bfloat16": "bf16"}
 
 
 def _low_creation(ctx: FileContext, node: ast.expr | None, scope: Scope) -> str | None:
-    """"fp16"/"bf16" when ``node`` creates a new tensor of that dtype, else None."""
+    """``fp16`` / ``bf16`` when ``node`` creates a new tensor of that dtype, else None."""
     if not isinstance(node, ast.Call):
         return None
     func = node.func
@@ -323,11 +323,10 @@ _LOW_DTYPE_BINDING = re.compile(rb"=[ \t]*torch\.(?:float16|half|bfloat16)\b")
 def amp114(ctx: FileContext) -> Iterator[Hit]:
     for scope in ctx.scopes:
         for name, values in scope.bindings.items():
-            if "." in name or not any(isinstance(v, ast.Call) for v in values):
-                continue
+            if "." in name or not any(_low_creation(ctx, v, scope) for v in values):
+                continue  # cheap filter first: the scans below are per candidate name
             creations = [site for site in scope.assigns if isinstance(site.node, ast.Assign)
                          and any(isinstance(t, ast.Name) and t.id == name for t in site.node.targets)]
-            dtypes = {_low_creation(ctx, site.node.value, scope) for site in creations}  # type: ignore[attr-defined]
             updates = list(_accumulations(scope, name))
             update_nodes = {id(node) for node, _ in updates}
             # Every binding must be a low-precision creation or an accumulation; anything else
