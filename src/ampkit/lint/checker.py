@@ -117,7 +117,7 @@ def _lint(data: bytes, path: str, codes: frozenset[str]) -> tuple[list[Violation
     except ValueError as exc:  # null bytes (a SyntaxError from Python 3.12 on)
         return _unparsable(path, str(exc), 1, 1, codes), None
     if not rules:
-        return [], None  # compiles as a tree, but compile() refused it (`return` outside a function): not ours
+        return [], None  # it parses; compile() refused it later (`return` outside a function): not AMP000
     ctx = FileContext(path, data, tree)
     found: dict[tuple[int, int, str], Violation] = {}
     for rule in rules:
