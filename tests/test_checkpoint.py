@@ -137,3 +137,14 @@ def test_checkpoint_resume_after_sigkill_is_bit_identical(tmp_path) -> None:
         for field, value in state.items():
             assert torch.equal(value, res["optimizer"]["state"][key][field]), f"optimizer state {key}.{field}"
     assert ref["engine"] == res["engine"] and ref["lr"] == res["lr"]
+
+
+def test_checkpoint_atomic_write_uses_umask_mode(tmp_path) -> None:
+    from ampkit.checkpoint import atomic_write_bytes
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "report.json", b"{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o644
