@@ -1,0 +1,321 @@
+"""Module observers: find the user's models, capture each forward's batch and the gradient that
+flowed back into its output, and check normalisation statistics.
+
+Costs, per forward of a model (a *root*: a module called while no observed module is running):
+one pre-hook and one post-hook call, a copy of the CPU RNG state (about 5 KB), and one
+``register_hook`` per output tensor.  The gradient reaching the output is kept by reference
+until the optimizer step (memory: one output-sized tensor per micro-batch, capped by
+``grad_capture_numel``).  Global module hooks, which put *every* module call on torch's slow
+path, are switched on only for sampled steps to discover models; in between, only the roots
+carry hooks.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["Capture", "ModelWatch"]
+
+_AUTOCAST_DEVICES = tuple(d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d))
+_LOW = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Capture:
+    """One forward call of a root model, enough to replay it."""
+
+    root: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    step: int
+    device: torch.device
+    param_dtype: torch.dtype | None
+    autocast_enabled: bool
+    """Autocast was on for the model's own device type during this forward."""
+    autocast_dtype: torch.dtype
+    other_autocast: tuple[str, ...]
+    """Device types with autocast on while the model's own device type had it off."""
+    rng_cpu: torch.Tensor
+    rng_device: torch.Tensor | None = None
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor | None] = field(default_factory=list)
+    """Gradient flowing into each output during the user's backward (as autograd delivered it)."""
+    grads_fp32: list[torch.Tensor | None] = field(default_factory=list)
+    """The same gradient before a cast to the output's low-precision dtype, when a cast consumed it."""
+    location: str | None = None
+    """The user's line that called the model."""
+    loss: torch.Tensor | None = None
+    """The unscaled loss the user backpropagated after this forward."""
+    scale: torch.Tensor | None = None
+    """The loss scale of that backward (a copy), or None when the loss was not scaled."""
+
+    @property
+    def low_precision(self) -> torch.dtype | None:
+        """The low-precision dtype this forward ran in (autocast or half parameters), or None."""
+        if self.autocast_enabled and self.autocast_dtype in _LOW:
+            return self.autocast_dtype
+        return self.param_dtype if self.param_dtype in _LOW else None
+
+    def float_inputs(self) -> Iterator[torch.Tensor]:
+        leaves, _ = tree_flatten((self.args, self.kwargs))
+        for x in leaves:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                yield x
+
+
+@dataclass
+class _Root:
+    ref: weakref.ReferenceType[nn.Module]
+    device: torch.device
+    param_dtype: torch.dtype | None
+    handles: list[Any]
+
+
+class ModelWatch:
+    """Roots, their captures for the current optimizer window, and norm-statistics checks.
+
+    ``on_root_forward(capture)`` is called for every root forward (the AMP observer checks the
+    autocast state there); ``max_captures`` bounds how many micro-batches of one window are kept.
+    """
+
+    def __init__(self, *, on_root_forward: Callable[[Capture], None], locate: Callable[[], str | None],
+                 max_captures: int = 8, grad_capture_numel: int = 1 << 24) -> None:
+        self._locate = locate
+        self._on_root_forward = on_root_forward
+        self.max_captures = max_captures
+        self.grad_capture_numel = grad_capture_numel
+        self.roots: dict[int, _Root] = {}
+        self.captures: list[Capture] = []
+        """Forwards of the current optimizer window (cleared by ``new_window``)."""
+        self.last: Capture | None = None
+        self._stack: list[nn.Module] = []
+        self._global: list[Any] = []
+        self._pending: Capture | None = None
+        self.step = 0
+        self.paused = False
+        """True while the doctor itself runs models (replays): its hooks then do nothing."""
+
+    # -- installation ----------------------------------------------------------------------
+    def set_discovery(self, on: bool) -> None:
+        """Switch the global module hooks (every module call) on or off; only between forwards."""
+        if self._stack or on == bool(self._global):
+            return
+        if on:
+            self._global = [
+                nn.modules.module.register_module_forward_pre_hook(self._global_pre),
+                nn.modules.module.register_module_forward_hook(self._global_post, with_kwargs=True,
+                                                               always_call=True),
+            ]
+        else:
+            for h in self._global:
+                h.remove()
+            self._global = []
+
+    def remove(self) -> None:
+        self._stack.clear()
+        self.set_discovery(False)
+        for root in self.roots.values():
+            for h in root.handles:
+                h.remove()
+        self.roots.clear()
+        self.captures.clear()
+        self.last = None
+
+    def models(self) -> list[nn.Module]:
+        return [m for r in self.roots.values() if (m := r.ref()) is not None]
+
+    def named_modules(self) -> dict[int, str]:
+        """``id(module) -> dotted name`` across every root (a root's own name is its class name)."""
+        names: dict[int, str] = {}
+        for model in self.models():
+            for name, mod in model.named_modules():
+                names.setdefault(id(mod), name or type(model).__name__)
+        return names
+
+    def param_names(self) -> dict[int, str]:
+        names: dict[int, str] = {}
+        for model in self.models():
+            for name, p in model.named_parameters():
+                names.setdefault(id(p), name)
+        return names
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _global_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.paused or id(module) in self.roots:
+            return  # its own hooks run
+        if not self._stack:
+            if next(module.parameters(), None) is None:
+                return  # a loss module or a container without weights is not a model
+            self._add_root(module)
+            self._root_pre(module, args)
+            return
+        self._stack.append(module)
+
+    def _global_post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+        # (kwargs, out) normally; torch passes only (out) when the forward raised.
+        if self.paused or id(module) in self.roots:
+            return
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+
+    def _add_root(self, module: nn.Module) -> None:
+        device, dtype = _device_and_dtype(module)
+        handles = [
+            module.register_forward_pre_hook(self._root_pre),
+            module.register_forward_hook(self._root_post, with_kwargs=True, always_call=True),
+        ]
+        self.roots[id(module)] = _Root(weakref.ref(module), device, dtype, handles)
+
+    def refresh_roots(self) -> None:
+        """Re-read each root's device and parameter dtype (after ``model.to(...)`` / ``.half()``)."""
+        for rid, root in list(self.roots.items()):
+            model = root.ref()
+            if model is None:
+                for h in root.handles:
+                    h.remove()
+                del self.roots[rid]
+                continue
+            root.device, root.param_dtype = _device_and_dtype(model)
+
+    def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.paused:
+            return
+        if self._stack:
+            self._stack.append(module)
+            return
+        self._stack.append(module)
+        root = self.roots.get(id(module))
+        if root is None:  # pragma: no cover - hooks are only on known roots
+            return
+        dev = root.device.type
+        enabled = dev in _AUTOCAST_DEVICES and torch.is_autocast_enabled(dev)
+        others = () if enabled else tuple(d for d in _AUTOCAST_DEVICES if d != dev and torch.is_autocast_enabled(d))
+        rng_dev = torch.cuda.get_rng_state(root.device) if dev == "cuda" else None
+        cap = Capture(
+            root=module, args=(), kwargs={}, step=self.step, device=root.device, param_dtype=root.param_dtype,
+            autocast_enabled=enabled,
+            autocast_dtype=torch.get_autocast_dtype(dev) if dev in _AUTOCAST_DEVICES else torch.float32,
+            other_autocast=others, rng_cpu=torch.get_rng_state(), rng_device=rng_dev, location=self._locate(),
+        )
+        self._pending = cap
+
+    def _root_post(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if self.paused or not self._stack or self._stack[-1] is not module:
+            return
+        self._stack.pop()
+        if self._stack:
+            return
+        cap, self._pending = self._pending, None
+        if cap is None or cap.root is not module:
+            return
+        cap.args, cap.kwargs = args, dict(kwargs)
+        leaves, _ = tree_flatten(out)
+        budget = self.grad_capture_numel
+        for x in leaves:
+            if isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point():
+                i = len(cap.outputs)
+                cap.outputs.append(x)
+                cap.grads.append(None)
+                cap.grads_fp32.append(None)
+                if x.numel() <= budget:
+                    budget -= x.numel()
+                    x.register_hook(_GradSink(cap, i))
+        if len(self.captures) >= self.max_captures:
+            self.captures.pop(0)
+        self.captures.append(cap)
+        self.last = cap
+        self._on_root_forward(cap)
+
+    # -- backward -----------------------------------------------------------------------------
+    def on_backward(self, tensors: list[torch.Tensor], loss: torch.Tensor, scale: torch.Tensor | None) -> None:
+        """Attach the (unscaled) loss to this window's captures that have none, and hook the casts
+        through which ``tensors``' backward reaches their outputs to keep the pre-cast gradients."""
+        fresh = [c for c in self.captures if c.loss is None]
+        if not fresh or not tensors:
+            return
+        for c in fresh:
+            c.loss = loss.detach()
+            c.scale = scale
+        targets: dict[Any, tuple[Capture, int]] = {}
+        for c in fresh:
+            for i, o in enumerate(c.outputs):
+                if o.grad_fn is not None:
+                    targets[o.grad_fn] = (c, i)
+        if targets:
+            _hook_casts([t.grad_fn for t in tensors if t.grad_fn is not None], targets)
+
+    def new_window(self) -> None:
+        """The optimizer stepped: the captured batches belong to the past."""
+        self.captures.clear()
+
+    # -- normalisation statistics -----------------------------------------------------------
+    def norm_stats(self) -> list[tuple[nn.Module, torch.Tensor]]:
+        """``(module, non-finite count)`` for every module with running statistics (device scalars)."""
+        out = []
+        for model in self.models():
+            for mod in model.modules():
+                if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
+                    bufs = [b for b in (mod.running_mean, mod.running_var) if b is not None]
+                    if bufs:
+                        bad = sum((~torch.isfinite(b)).sum() for b in bufs)
+                        out.append((mod, bad))  # type: ignore[arg-type]
+        return out
+
+
+class _GradSink:
+    __slots__ = ("cap", "i")
+
+    def __init__(self, cap: Capture, i: int) -> None:
+        self.cap, self.i = cap, i
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        self.cap.grads[self.i] = grad
+
+
+def _hook_casts(starts: list[Any], targets: dict[Any, tuple[Capture, int]], budget: int = 64) -> None:
+    """Walk the loss's graph back to the captured outputs (at most ``budget`` nodes) and hook each
+    dtype cast that consumes one, to keep the gradient before it is rounded to fp16/bf16."""
+    seen: set[int] = set()
+    frontier = list(starts)
+    while frontier and budget > 0:
+        node = frontier.pop()
+        if id(node) in seen or node in targets:
+            continue
+        seen.add(id(node))
+        budget -= 1
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            hit = targets.get(nxt)
+            if hit is not None and type(node).__name__ == "ToCopyBackward0":
+                cap, i = hit
+                node.register_prehook(_PreCastSink(cap, i))
+            elif hit is None:
+                frontier.append(nxt)
+
+
+class _PreCastSink:
+    __slots__ = ("cap", "i")
+
+    def __init__(self, cap: Capture, i: int) -> None:
+        self.cap, self.i = cap, i
+
+    def __call__(self, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        g = grad_outputs[0] if grad_outputs else None
+        if g is not None:
+            self.cap.grads_fp32[self.i] = g
+
+
+def _device_and_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype | None]:
+    for p in module.parameters():
+        return p.device, p.dtype if p.is_floating_point() else None
+    for b in module.buffers():
+        return b.device, None
+    return torch.device("cpu"), None
