@@ -69,6 +69,9 @@ class EngineHook:
     synchronise with the host unless that is their documented purpose.
     """
 
+    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
+        """Called once per model when ``prepare`` first records it (before its first forward)."""
+
     def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
         """Called with the user's (unscaled, undivided) loss before backward."""
 
@@ -215,6 +218,8 @@ class MixedPrecision:
         self.policy.apply(model)
         if all(m is not model for m in self.models):
             self.models.append(model)
+            for hook in self.hooks:
+                hook.on_prepare(self, model)
         return model
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
