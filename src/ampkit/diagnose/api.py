@@ -269,7 +269,7 @@ class _Diagnosis:
                 self.findings.append(f)
                 if f.severity == "error":
                     fixable.append(f)
-        if nonfinite and not any(f.severity == "error" for f in self.findings):
+        if nonfinite and not self._overflowed and not any(f.severity == "error" for f in self.findings):
             self.findings.append(Finding(
                 code="FORWARD_NAN" if not lp.loss_finite else "BACKWARD_OVERFLOW", severity="error",
                 message=("the step is non-finite but no traced op produced the first non-finite value (it came "
@@ -389,7 +389,7 @@ class _Diagnosis:
 
         sqnr_modules = [f.module for f in fixable if f.code == "PRECISION_LOSS" and f.module is not None]
         sqnr_modules += [m for m in self._sqnr_targets if m not in sqnr_modules]
-        objective = Objective(need_finite=not lp.finite, sqnr_modules=sqnr_modules, threshold_db=self.threshold_db,
+        objective = Objective(need_finite=self._overflowed, sqnr_modules=sqnr_modules, threshold_db=self.threshold_db,
                               reference=self.ref.recorder.outputs if self.ref else None)
         candidates = rank_candidates([f.module for f in fixable], out_sqnr, order=lp.recorder.order,
                                      threshold_db=self.threshold_db)

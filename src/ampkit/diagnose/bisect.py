@@ -13,8 +13,11 @@ Algorithm (a greedy that follows the failure, then a delta-debugging prune):
    (``MixedPrecision(keep_fp32=[...])`` → ``Fp32Policy``), re-run, and record the loss, the
    gradients' finiteness and the SQNR against fp32 as evidence.
 
-"Fixed" means: no exception, finite loss and gradients, and every module that had
-PRECISION_LOSS back above the threshold.  Names of repeated blocks collapse into a pattern
+"Fixed" means: no exception, no forward producer of a non-finite value anywhere (an overflow
+absorbed into a finite-but-wrong step counts), finite loss and gradients with the backward
+judged at scale 1 (an overflow that only a high loss scale causes is the dynamic scaler's
+job, not keep-fp32's), the model output's SQNR against fp32 at or above the threshold, and
+every module that had PRECISION_LOSS back above it.  Names of repeated blocks collapse into a pattern
 (``blocks.*.norm``) only when the pattern matches exactly the same modules.  Trials are
 bounded (``max_trials``); each costs one (traced, when finiteness is the goal) step.
 """
@@ -40,7 +43,8 @@ __all__ = ["BisectOutcome", "Objective", "Trial", "bisect_keep_fp32", "compress_
 @dataclass
 class Objective:
     need_finite: bool
-    """The baseline step is non-finite: the trace of each trial names the next producer."""
+    """The baseline step had a producer (non-finite or absorbed): each trial is traced, so a
+    remaining or moved producer is seen and names the next module to add."""
     sqnr_modules: list[str]
     """Modules whose output SQNR must reach ``threshold_db``."""
     threshold_db: float
@@ -129,23 +133,31 @@ class _Bisector:
         self.max_trials = max_trials
         self.trials: list[Trial] = []
 
+    def _targets(self) -> list[str]:
+        """Modules whose output SQNR the objective checks: the flagged ones and the model output."""
+        if self.obj.reference is None:
+            return []
+        return [*self.obj.sqnr_modules, *([""] if "" not in self.obj.sqnr_modules else [])]
+
     def trial(self, keep: list[str]) -> Trial:
         s = self.s
         s.reset_work()
-        only = set(self.obj.sqnr_modules)
+        targets = self._targets()
         with s.kept_fp32(keep):
-            r = s.run(s.work, mode="scaled", trace=self.obj.need_finite, stats=False,
-                      reference=self.obj.reference if only else None, only=only or None)
+            r = s.run(s.work, mode="unit", trace=self.obj.need_finite, stats=False,
+                      reference=self.obj.reference if targets else None, only=set(targets) or None)
         s.reset_work()
-        sqnr = compare.module_sqnr(r.recorder.energies) if only else {}
-        failing = sorted((m for m in self.obj.sqnr_modules if not sqnr.get(m, -math.inf) >= self.obj.threshold_db),
+        sqnr = compare.module_sqnr(r.recorder.energies) if targets else {}
+        failing = sorted((m for m in targets if not sqnr.get(m, -math.inf) >= self.obj.threshold_db),
                          key=lambda m: sqnr.get(m, -math.inf))
-        t = Trial(keep=list(keep), finite=r.finite, fixed=r.finite and not failing,
-                  sqnr_db={m: sqnr.get(m, math.nan) for m in self.obj.sqnr_modules},
+        producer = None
+        if r.log is not None:
+            producer = find_producer(r.log, "forward") or (None if r.finite else find_producer(r.log, "backward"))
+        t = Trial(keep=list(keep), finite=r.finite, fixed=r.finite and not failing and producer is None,
+                  sqnr_db={m: sqnr.get(m, math.nan) for m in targets},
                   error=None if r.exception is None else f"{type(r.exception).__name__}: {r.exception}"[:300])
-        if not r.finite and r.log is not None:
-            p = find_producer(r.log, "forward") or find_producer(r.log, "backward")
-            t.next_module = p.record.module if p is not None else None
+        if producer is not None:
+            t.next_module = producer.record.module
         elif failing:
             t.next_module = failing[0]
         self.trials.append(t)
@@ -184,20 +196,21 @@ class _Bisector:
         s = self.s
         fresh = copy_model(s.model)
         applied = Fp32Policy(patterns, s.device.type).apply(fresh)
-        only = set(self.obj.sqnr_modules) | {""}
-        r = s.run(fresh, mode="scaled", stats=False, reference=self.obj.reference, only=only)
-        sqnr = compare.module_sqnr(r.recorder.energies)
+        targets = self._targets()
+        r = s.run(fresh, mode="unit", trace=self.obj.need_finite, stats=False,
+                  reference=self.obj.reference if targets else None, only=set(targets) or None)
+        sqnr = compare.module_sqnr(r.recorder.energies) if targets else {}
+        producer = find_producer(r.log, "forward") if r.log is not None else None
         evidence: dict[str, Any] = {
-            "keep_fp32": patterns, "modules": applied, "finite": r.finite, "loss": r.loss,
+            "keep_fp32": patterns, "modules": applied, "finite": r.finite, "loss": r.loss, "backward_scale": 1.0,
             "output_sqnr_db": sqnr.get(""), "module_sqnr_db": {m: sqnr.get(m) for m in self.obj.sqnr_modules},
-            "trials": len(self.trials),
+            "trials": len(self.trials), "overflow_left": producer is not None,
         }
         if self.ref is not None and r.finite:
-            grads = compare.compare_grads(self.ref.grads, r.grads, inv_scale=1.0 / s.program.loss_scale,
-                                          param_module=s.param_module)
+            grads = compare.compare_grads(self.ref.grads, r.grads, inv_scale=1.0, param_module=s.param_module)
             evidence["grad_sqnr_db"] = grads.global_sqnr_db
-        failing = [m for m in self.obj.sqnr_modules if not (sqnr.get(m) or -math.inf) >= self.obj.threshold_db]
-        evidence["verified"] = r.finite and r.exception is None and not failing
+        failing = [m for m in targets if not (sqnr.get(m) or -math.inf) >= self.obj.threshold_db]
+        evidence["verified"] = r.finite and r.exception is None and not failing and producer is None
         return evidence
 
 

@@ -11,7 +11,11 @@
 * the gradient each model output received in backward (a tensor hook that stores a
   reference: the loss function is not known to the engine, so the replay re-runs the model
   on the captured inputs and backpropagates this gradient — everything inside the model is
-  re-traced, the loss itself is not);
+  re-traced, the loss itself is not).  When the output is consumed by a cast (``.float()``
+  before the loss, autocast's fp32 loss ops), the gradient *before* that cast is kept too
+  (a pre-hook on the cast's autograd node, found by a walk of at most 64 nodes from the loss
+  in ``on_backward``): a scale that overflows fp16 exactly at that boundary is then replayed
+  faithfully, and judged at scale 1;
 * the loss tensors given to ``mp.backward`` and the scale the step used (``StepResult.scale``).
 
 Deciding whether a step failed costs no host sync in the hot path: at the boundary the
@@ -70,6 +74,8 @@ class _Call:
     rng_accel: torch.Tensor | None
     autocast: tuple[str, torch.dtype, bool]
     grads: list[torch.Tensor | None] = field(default_factory=list)
+    wide: list[torch.Tensor | None] = field(default_factory=list)
+    """Per output: the gradient before the cast that consumed it (fp32), when there is one."""
 
 
 @dataclass
@@ -112,6 +118,7 @@ class ReplayDoctor(EngineHook):
         self._replaying = False
         self._scaling_ok = False
         self._warned_unprepared = False
+        self._out_nodes: dict[Any, tuple[_Call, int]] = {}
         for model in engine.models:
             self._hook(model)
 
@@ -127,6 +134,8 @@ class ReplayDoctor(EngineHook):
             log.warning("MixedPrecision(doctor=True) captures the inputs of prepared models only; call "
                         "mp.prepare(model) before training so a failing step can be replayed")
         self._losses.append(loss.detach())
+        if self._out_nodes and loss.grad_fn is not None:
+            self._hook_casts(loss.grad_fn)
 
     def after_step(self, engine: MixedPrecision, result: StepResult,
                    optimizers: Any) -> None:
@@ -136,6 +145,7 @@ class ReplayDoctor(EngineHook):
                            scale=result.scale if result.scale is not None else 1.0,
                            grad_accumulation=engine.grad_accumulation)
         self._calls, self._losses = [], []
+        self._out_nodes = {}
         self._last = cap
         parts = []
         if result.found_inf is not None:
@@ -194,8 +204,29 @@ class ReplayDoctor(EngineHook):
         call = self._calls[-1]
         outs = [t for t in float_tensors(output) if t.requires_grad]
         call.grads = [None] * len(outs)
+        call.wide = [None] * len(outs)
         for i, t in enumerate(outs):
-            t.register_hook(_GradKeeper(call, i))
+            t.register_hook(_GradKeeper(call.grads, i))
+            if t.grad_fn is not None:
+                self._out_nodes[t.grad_fn] = (call, i)
+
+    def _hook_casts(self, root: Any, limit: int = 64) -> None:
+        """Pre-hook the cast nodes that consume a captured output (see the module docstring)."""
+        seen, queue = {root}, [root]
+        while queue and len(seen) <= limit:
+            node = queue.pop(0)
+            for nxt, _ in node.next_functions:
+                if nxt is None:
+                    continue
+                hit = self._out_nodes.get(nxt)
+                if hit is not None:
+                    if type(node).__name__ == "ToCopyBackward0":
+                        call, i = hit
+                        node.register_prehook(_WideKeeper(call.wide, i))
+                    continue  # never walk into the model's own graph
+                if nxt not in seen:
+                    seen.add(nxt)
+                    queue.append(nxt)
 
     # -- deciding and replaying --------------------------------------------------------------------
     def _poll(self) -> None:
@@ -251,7 +282,7 @@ class ReplayDoctor(EngineHook):
         self._replaying = True
         try:
             for call in cap.calls:
-                grads = call.grads
+                grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
                 seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
                 program = OutputGradProgram(call.args, call.kwargs, grads if seed_finite else [],
                                             loss_scale=effective, autocast=call.autocast)
@@ -264,7 +295,7 @@ class ReplayDoctor(EngineHook):
                     session.close()
                 result.findings = [_with_context(f, reason, self.engine.optimizer_steps) for f in result.findings]
                 if not seed_finite and not any(f.severity == "error" for f in result.findings):
-                    result.findings = sort_findings([_loss_side(cap, call), *result.findings])
+                    result.findings = sort_findings([_seed_finding(cap, call, scale), *result.findings])
                 self.results.append(result)
                 found.extend(result.findings)
                 if any(f.severity == "error" for f in result.findings):
@@ -285,13 +316,20 @@ class ReplayDoctor(EngineHook):
 class _GradKeeper:
     """Tensor hook that keeps a reference to the gradient an output received (no copy)."""
 
-    __slots__ = ("call", "index")
+    __slots__ = ("index", "slots")
 
-    def __init__(self, call: _Call, index: int) -> None:
-        self.call, self.index = call, index
+    def __init__(self, slots: list[torch.Tensor | None], index: int) -> None:
+        self.slots, self.index = slots, index
 
     def __call__(self, grad: torch.Tensor) -> None:
-        self.call.grads[self.index] = grad
+        self.slots[self.index] = grad
+
+
+class _WideKeeper(_GradKeeper):
+    """Autograd-node pre-hook: keeps the gradient arriving at a cast, before it is narrowed."""
+
+    def __call__(self, grad_outputs: Any) -> None:  # type: ignore[override]
+        self.slots[self.index] = grad_outputs[0]
 
 
 def _with_context(f: Finding, reason: str, now: int) -> Finding:
@@ -300,8 +338,22 @@ def _with_context(f: Finding, reason: str, now: int) -> Finding:
     return replace(f, evidence={**f.evidence, "replay_reason": reason, "params_from_step": now})
 
 
-def _loss_side(cap: _StepCapture, call: _Call) -> Finding:
+def _seed_finding(cap: _StepCapture, call: _Call, scale: float) -> Finding:
+    """The model's forward is finite but the gradient reaching its outputs is not."""
     dtypes = sorted({str(x.dtype).replace("torch.", "") for x in cap.losses})
+    losses_finite = all(bool(torch.isfinite(x).all()) for x in cap.losses)
+    if losses_finite and scale > 1.0:
+        return Finding(
+            code="BACKWARD_OVERFLOW", severity="info",
+            message=(f"the gradient reaching the model's outputs overflowed at loss scale {scale:g} while the loss "
+                     "itself is finite: ordinary dynamic loss scaling — the step is skipped and the scale backs off"
+                     + (f"; the loss is {dtypes[0]}, so its gradient is narrow from the start" if dtypes and
+                        dtypes[0] in ("float16", "bfloat16") else "")),
+            fix=("Nothing to change if it happens now and then; if most steps are skipped, lower init_scale. "
+                 "Computing the loss in fp32 (loss_fn(output.float(), target)) widens the range at this boundary."),
+            step=cap.step, evidence={"loss_scale": scale, "loss_dtypes": dtypes, "phase": "backward",
+                                     "where": "model output"},
+        )
     return Finding(
         code="FORWARD_NAN", severity="error",
         message=("the model's forward is finite, but the gradient reaching its outputs is not: the non-finite "

@@ -212,8 +212,10 @@ def finalize_many(items: list[PendingStats]) -> list[TensorStats]:
     """Read all pending statistics back to the host with one transfer per device."""
     if not items:
         return []
-    counts = torch.stack([p.counts.to(items[0].counts.device) for p in items]).cpu().tolist()
-    values = torch.stack([p.values.to(items[0].values.device, torch.float32) for p in items]).cpu().tolist()
+    dev = items[0].values.device
+    wide = torch.float32 if dev.type == "mps" else torch.float64  # keep float64 inputs' tiny values
+    counts = torch.stack([p.counts.to(dev) for p in items]).cpu().tolist()
+    values = torch.stack([p.values.to(dev, wide) for p in items]).cpu().tolist()
     return [_build(p, c, v) for p, c, v in zip(items, counts, values)]
 
 
