@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 
+import doctor_models as dm
 import torch
 from torch import nn
 
 import ampkit
-import doctor_models as dm
 from ampkit.diagnose.api import diagnose_step
 
 

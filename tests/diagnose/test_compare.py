@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
+import doctor_models as dm
 import pytest
 import torch
 from torch import nn
 
-import doctor_models as dm
 from ampkit.diagnose.api import diagnose_step
 from ampkit.diagnose.compare import SQNR_THRESHOLD_DB, compare_grads, sqnr_db
 from ampkit.tasks.gpt import GPT, GPTConfig

@@ -7,11 +7,11 @@ import json
 from importlib import resources
 from pathlib import Path
 
+import doctor_models as dm
 import jsonschema
 import pytest
 import torch
 
-import doctor_models as dm
 from ampkit.diagnose.api import DiagnosisResult, diagnose_step
 from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.output import render_html, render_terminal, write_html, write_json

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
+import doctor_models as dm
 import torch
 from torch import nn
 
-import doctor_models as dm
 from ampkit.diagnose.api import diagnose_step
 
 MODELS = os.path.abspath(dm.__file__)
