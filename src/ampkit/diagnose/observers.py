@@ -83,7 +83,8 @@ class Context:
         self.sampler = sampler or Sampler()
         self.iteration = 0
         self.on_failure = on_failure
-        self.models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller)
+        self.models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller,
+                                 user_frame=code.caller_frame)
         self.autocast = AutocastWatch(self)
         self.optim = OptimWatch(self)
         self.scalers = ScalerWatch(self)
@@ -92,7 +93,13 @@ class Context:
         self.forwards = _Forwards()
         self.loss_nonfinite: set[int] = set()
         self.skips: dict[int, str] = {}
+        self.cause_of: dict[str, str] = {}
+        """Cause corrections learnt from replays, applied to the other skipped steps at the end."""
         self.applied_scaled = 0
+        self.boundary_overflows: list[int] = []
+        """Skipped steps whose gradient was already non-finite where it reached the model outputs."""
+        self.nonfinite_grad_steps: list[int] = []
+        """Iterations whose gradients were non-finite at an optimizer step no scaler guarded."""
         self.norm_bad: dict[str, tuple[int, int, bool]] = {}
         """module name -> (first iteration seen, non-finite count, seen right after a skipped step)."""
         self.locations: dict[str, str | None] = {}
@@ -155,6 +162,14 @@ class Context:
             cause = "nonfinite_data" if self._inputs_nonfinite(self.models.captures, it) else "nonfinite_loss"
             self._fail(Failure("nonfinite_loss", it, cause, list(self.models.captures)))
 
+    def on_grads(self, it: int, nonfinite: bool) -> None:
+        """Non-finite gradients at an unguarded optimizer step (the weights are about to be corrupted)."""
+        if not nonfinite or it != self.iteration:
+            return
+        self.nonfinite_grad_steps.append(it)
+        cause = "nonfinite_data" if self._inputs_nonfinite(self.models.captures, it) else "gradient_overflow"
+        self._fail(Failure("nonfinite_grads", it, cause, list(self.models.captures)))
+
     def on_scaler_found(self, found: torch.Tensor, scale: torch.Tensor, it: int, primary: bool,
                         urgent: bool) -> None:
         caps = list(self.models.captures)
@@ -177,6 +192,13 @@ class Context:
         else:
             self.pending.read(found, judge)
 
+    def reclassify(self, it: int, cause: str) -> None:
+        """A replay showed what really made step ``it`` fail (e.g. a forward overflow behind a finite loss)."""
+        if it in self.skips:
+            old = self.skips[it]
+            self.cause_of[old] = cause
+            self.skips[it] = cause
+
     def _classify(self, caps: list[Capture], it: int) -> str:
         if self._inputs_nonfinite(caps, it):
             return "nonfinite_data"
@@ -198,7 +220,7 @@ class Context:
                 if not idx:
                     continue
                 bad = True
-                model = names.get(id(cap.root), type(cap.root).__name__)
+                model = self.models.label(cap.root)
                 self.ledger.add(
                     "NONFINITE_INPUT", key=("input", model, i),
                     message=(

@@ -133,8 +133,8 @@ class AutocastWatch:
 class OptInfo:
     location: str | None
     checked: int = -1
-    last_found: torch.Tensor | None = None
-    """found_inf of the last scaler.step on this optimizer (None: stepped directly)."""
+    last_found: tuple[torch.Tensor, int] | None = None
+    """(found_inf, iteration) of the last scaler.step on this optimizer (None: stepped directly)."""
     steps: int = 0
 
 
@@ -191,11 +191,30 @@ class OptimWatch:
         if not ctx.scalers.in_step:
             info.last_found = None
             ctx.scalers.on_direct_step(opt)
+            if self.is_primary(opt):
+                self._check_grads(opt)
         if ctx.autocast.depth and ctx.autocast.any_enabled() and ctx.autocast.region_stepped is None:
             ctx.autocast.region_stepped = ctx.code.caller()
         if info.checked < 0 or ctx.sampler.dense(ctx.iteration) and info.checked != ctx.iteration:
             info.checked = ctx.iteration
             self._check_params(opt, info)
+
+    def _check_grads(self, opt: torch.optim.Optimizer) -> None:
+        """Non-finite gradients reaching an optimizer that no GradScaler guards (bf16, fp32, no scaler).
+
+        One fused norm over the gradients; read at once on CPU or on dense iterations, else
+        deferred (then no replay: the weights will have changed).
+        """
+        ctx = self.ctx
+        if ctx.loss_nonfinite and ctx.iteration in ctx.loss_nonfinite:
+            return  # already handled as a non-finite loss
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return
+        norms = torch._foreach_norm(grads)
+        bad = (~torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms]))).any()
+        it = ctx.iteration
+        ctx.pending.read(bad, lambda v: ctx.on_grads(it, v > 0), now=ctx.sampler.dense(it))
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         info = self.info(opt)
@@ -245,7 +264,7 @@ class OptimWatch:
         info = self.optimizers.get(opt) if opt is not None else None
         if info is None or info.last_found is None:
             return
-        found, it = info.last_found, self.ctx.iteration
+        found, it = info.last_found
         info.last_found = None  # one scheduler step per optimizer step is judged
         location = self.ctx.code.caller()
 

@@ -137,6 +137,13 @@ class CodeFilter:
             frame = frame.f_back
         return None
 
+    def caller_frame(self, skip: int = 1) -> types.FrameType | None:
+        """The innermost frame on the current stack that runs user code."""
+        frame: types.FrameType | None = sys._getframe(skip)
+        while frame is not None and not self.is_user(frame.f_code.co_filename):
+            frame = frame.f_back
+        return frame
+
     def user_frames(self, tb: types.TracebackType | None) -> list[types.FrameType]:
         """The traceback's frames that run user code, outermost first."""
         frames = []
@@ -242,8 +249,9 @@ class Pending:
     def __init__(self) -> None:
         self._queue: list[tuple[torch.Tensor, Callable[[float], None]]] = []
 
-    def read(self, value: torch.Tensor, then: Callable[[float], None]) -> None:
-        if value.device.type == "cpu":
+    def read(self, value: torch.Tensor, then: Callable[[float], None], *, now: bool = False) -> None:
+        """Deliver ``float(value)`` to ``then``: at once on CPU or when ``now`` (a sync), else at ``flush``."""
+        if now or value.device.type == "cpu":
             then(float(value))
         else:
             self._queue.append((value.detach().reshape(()).float(), then))

@@ -87,7 +87,7 @@ class CheckpointWatch:
         return load
 
     def finalize(self) -> None:
-        scalers = [info for _, info in self.ctx.scalers.enabled_scalers()]
+        scalers = self.ctx.scalers.enabled_infos()
         if not scalers:
             return
         located = scalers[0].location

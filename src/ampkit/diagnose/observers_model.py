@@ -12,7 +12,8 @@ carry hooks.
 
 from __future__ import annotations
 
-import weakref
+import contextlib
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,8 @@ class Capture:
     """The same gradient before a cast to the output's low-precision dtype, when a cast consumed it."""
     location: str | None = None
     """The user's line that called the model."""
+    running_before: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+    """(running-stat buffers, their values before this forward)."""
     loss: torch.Tensor | None = None
     """The unscaled loss the user backpropagated after this forward."""
     scale: torch.Tensor | None = None
@@ -63,6 +66,35 @@ class Capture:
             return self.autocast_dtype
         return self.param_dtype if self.param_dtype in _LOW else None
 
+    def outputs_finite(self) -> bool:
+        """Whether every captured output is finite (a host read: failure path only)."""
+        return all(bool(torch.isfinite(o.detach()).all()) for o in self.outputs)
+
+    def grads_finite(self) -> bool | None:
+        """Whether the gradients that reached the outputs are finite (pre-cast ones where kept); None
+        when no gradient was captured.  A host read: failure path only."""
+        grads = [g32 if g32 is not None else g for g, g32 in zip(self.grads, self.grads_fp32)]
+        grads = [g for g in grads if g is not None]
+        if not grads:
+            return None
+        return all(bool(torch.isfinite(g).all()) for g in grads)
+
+    @contextlib.contextmanager
+    def running_stats_before(self) -> Iterator[None]:
+        """Temporarily put the model's running statistics back to their values before this forward."""
+        if self.running_before is None:
+            yield
+            return
+        buffers, before = self.running_before
+        now = torch._foreach_mul(buffers, 1.0)
+        with torch.no_grad():
+            torch._foreach_copy_(buffers, before)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(buffers, now)
+
     def float_inputs(self) -> Iterator[torch.Tensor]:
         leaves, _ = tree_flatten((self.args, self.kwargs))
         for x in leaves:
@@ -72,10 +104,15 @@ class Capture:
 
 @dataclass
 class _Root:
-    ref: weakref.ReferenceType[nn.Module]
+    model: nn.Module
+    """Held strongly until the doctor's report is built (the script's namespace is gone by then)."""
     device: torch.device
     param_dtype: torch.dtype | None
     handles: list[Any]
+    label: str
+    """The name the script gives the model (its variable), else its class name."""
+    running: list[torch.Tensor]
+    """Its normalisation layers' running statistics (snapshotted before each forward)."""
 
 
 class ModelWatch:
@@ -86,8 +123,10 @@ class ModelWatch:
     """
 
     def __init__(self, *, on_root_forward: Callable[[Capture], None], locate: Callable[[], str | None],
+                 user_frame: Callable[[], types.FrameType | None] = lambda: None,
                  max_captures: int = 8, grad_capture_numel: int = 1 << 24) -> None:
         self._locate = locate
+        self._user_frame = user_frame
         self._on_root_forward = on_root_forward
         self.max_captures = max_captures
         self.grad_capture_numel = grad_capture_numel
@@ -124,20 +163,22 @@ class ModelWatch:
         for root in self.roots.values():
             for h in root.handles:
                 h.remove()
-        self.roots.clear()
-        self.captures.clear()
-        self.last = None
+            root.handles = []
 
     def models(self) -> list[nn.Module]:
-        return [m for r in self.roots.values() if (m := r.ref()) is not None]
+        return [r.model for r in self.roots.values()]
 
     def named_modules(self) -> dict[int, str]:
-        """``id(module) -> dotted name`` across every root (a root's own name is its class name)."""
+        """``id(module) -> dotted name`` within its root; a root itself is named by its label."""
         names: dict[int, str] = {}
-        for model in self.models():
-            for name, mod in model.named_modules():
-                names.setdefault(id(mod), name or type(model).__name__)
+        for root in self.roots.values():
+            for name, mod in root.model.named_modules():
+                names.setdefault(id(mod), name or root.label)
         return names
+
+    def label(self, module: nn.Module) -> str:
+        root = self.roots.get(id(module))
+        return root.label if root is not None else type(module).__name__
 
     def param_names(self) -> dict[int, str]:
         names: dict[int, str] = {}
@@ -171,18 +212,33 @@ class ModelWatch:
             module.register_forward_pre_hook(self._root_pre),
             module.register_forward_hook(self._root_post, with_kwargs=True, always_call=True),
         ]
-        self.roots[id(module)] = _Root(weakref.ref(module), device, dtype, handles)
+        self.roots[id(module)] = _Root(module, device, dtype, handles, self._label(module), _running_stats(module))
+
+    def _label(self, module: nn.Module) -> str:
+        """How the script names ``module``: the variable holding it (``model``), or the attribute path
+        from a variable holding a parent (``model.image_proj``); else its class name.  One stack walk
+        and one ``named_modules`` per candidate parent, once per root."""
+        frame = self._user_frame()
+        while frame is not None:
+            scopes = (frame.f_locals, frame.f_globals)
+            for scope in scopes:
+                for name, value in list(scope.items()):
+                    if value is module and not name.startswith("_") and name != "self":
+                        return str(name)
+            for scope in scopes:
+                for name, value in list(scope.items()):
+                    if isinstance(value, nn.Module) and not name.startswith("_") and name != "self":
+                        for path, sub in value.named_modules():
+                            if sub is module and path:
+                                return f"{name}.{path}"
+            frame = frame.f_back
+        return type(module).__name__
 
     def refresh_roots(self) -> None:
         """Re-read each root's device and parameter dtype (after ``model.to(...)`` / ``.half()``)."""
-        for rid, root in list(self.roots.items()):
-            model = root.ref()
-            if model is None:
-                for h in root.handles:
-                    h.remove()
-                del self.roots[rid]
-                continue
-            root.device, root.param_dtype = _device_and_dtype(model)
+        for root in self.roots.values():
+            root.device, root.param_dtype = _device_and_dtype(root.model)
+            root.running = _running_stats(root.model)
 
     def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if self.paused:
@@ -203,6 +259,9 @@ class ModelWatch:
             autocast_enabled=enabled,
             autocast_dtype=torch.get_autocast_dtype(dev) if dev in _AUTOCAST_DEVICES else torch.float32,
             other_autocast=others, rng_cpu=torch.get_rng_state(), rng_device=rng_dev, location=self._locate(),
+            # A skipped step does not undo its forward's running-stat update; the replay needs the
+            # statistics from before it.  One fused copy (multi-tensor kernel) of the stats buffers.
+            running_before=(root.running, torch._foreach_mul(root.running, 1.0)) if root.running else None,
         )
         self._pending = cap
 
@@ -311,6 +370,14 @@ class _PreCastSink:
         g = grad_outputs[0] if grad_outputs else None
         if g is not None:
             self.cap.grads_fp32[self.i] = g
+
+
+def _running_stats(module: nn.Module) -> list[torch.Tensor]:
+    out = []
+    for mod in module.modules():
+        if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
+            out += [b for b in (mod.running_mean, mod.running_var) if b is not None and b.is_floating_point()]
+    return out
 
 
 def _device_and_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype | None]:

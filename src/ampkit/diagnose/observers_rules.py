@@ -1,6 +1,6 @@
 """End-of-run rules over what the observers saw: SCALE_COLLAPSE (with its cause),
 SCHEDULER_STEPPED_ON_SKIP, AUTOCAST_INACTIVE, SCALER_WITH_BF16, NORM_STATS_NONFINITE and
-SLOW_LOW_PRECISION (measured on this machine)."""
+SLOW_LOW_PRECISION (measured on this machine by ``ampkit.diagnose.perf``)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.observers_amp import dtype_name
+from ampkit.diagnose.perf import low_precision_speed
 
 if TYPE_CHECKING:
     from ampkit.diagnose.observers import Context
     from ampkit.diagnose.observers_scaler import ScalerInfo
 
-__all__ = ["COLLAPSE_STEADY_FRACTION", "SLOW_RATIO", "finalize", "measured_speed"]
-
-SLOW_RATIO = 0.8
-"""Low precision slower than this fraction of fp32 matmul throughput is reported."""
+__all__ = ["COLLAPSE_STEADY_FRACTION", "finalize"]
 COLLAPSE_STEADY_FRACTION = 0.5
 """A scale that still skips this fraction of the second half of a run never settled."""
 
@@ -31,6 +30,11 @@ _CAUSES = {
         "the loss was already non-finite in the forward pass (an activation overflowed or went NaN)",
         "fix the forward op named by FORWARD_OVERFLOW / FORWARD_NAN (keep that module in fp32); lowering "
         "the loss scale cannot help a forward overflow",
+    ),
+    "nonfinite_forward": (
+        "activations went inf/NaN in the forward pass although the loss stayed finite (the non-finite "
+        "values were masked out of the loss but not out of the backward)",
+        "fix the forward op named by FORWARD_OVERFLOW / FORWARD_NAN; lowering the loss scale cannot help",
     ),
     "scaled_loss_overflow": (
         "the loss was finite but loss × scale overflowed because the loss is fp16",
@@ -49,6 +53,7 @@ def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool =
     ctx.check_norm_stats()
     ctx.pending.flush()
     _scale_collapse(ctx)
+    _boundary_overflow(ctx)
     _scheduler_on_skip(ctx)
     _autocast_inactive(ctx, intended)
     _scaler_with_bf16(ctx)
@@ -73,12 +78,13 @@ def _collapsed(info: ScalerInfo, skips: dict[int, str], iterations: int) -> tupl
 def _scale_collapse(ctx: Context) -> None:
     if not ctx.skips:
         return
-    for _sc, info in ctx.scalers.enabled_scalers():
+    for info in ctx.scalers.enabled_infos():
         collapsed, why = _collapsed(info, ctx.skips, ctx.iteration)
         if not collapsed:
             continue
         causes: dict[str, int] = {}
         for cause in ctx.skips.values():
+            cause = ctx.cause_of.get(cause, cause)
             causes[cause] = causes.get(cause, 0) + 1
         cause = max(causes, key=lambda c: causes[c])
         what, fix = _CAUSES[cause]
@@ -96,6 +102,27 @@ def _scale_collapse(ctx: Context) -> None:
                 "final_scale": scales[-1] if scales else None, "first_skips": sorted(ctx.skips)[:16],
             },
         )
+
+
+def _boundary_overflow(ctx: Context) -> None:
+    """Skipped steps whose gradient was already non-finite where it entered a model's output."""
+    hits = ctx.boundary_overflows
+    if not hits:
+        return
+    collapsed = ctx.ledger.has("SCALE_COLLAPSE")
+    label = ctx.locations.get("boundary_model")
+    ctx.ledger.add(
+        "BACKWARD_OVERFLOW", key="boundary", severity="error" if collapsed else "info",
+        message=(f"on {len(hits)} skipped step(s) (first: {hits[0]}) the gradient was already inf/NaN where it "
+                 f"reached the output of {label}: the overflow happened in the code between the model and the loss "
+                 "(ops outside any module that ran in low precision), not inside the model"
+                 + ("; it persisted while the scale collapsed, so it overflows at any scale" if collapsed else
+                    "; the scaler recovered, so this was ordinary dynamic loss scaling")),
+        fix=("compute what follows the model in fp32: call .float() on the model output before the loss and any "
+             "normalisation/temperature scaling" if collapsed else
+             "nothing to change if it happens only while the scale settles"),
+        location=ctx.locations.get("boundary_overflow"), step=hits[0], evidence={"steps": hits[:32]},
+    )
 
 
 def _scheduler_on_skip(ctx: Context) -> None:
@@ -142,7 +169,7 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
             location=loc, evidence={"autocast_device_type": other, "model_device_type": dev, "forwards": n},
         )
     used_autocast = sum(f.autocast.values()) > 0 or sum(f.half_params.values()) > 0
-    scalers = [info for _, info in ctx.scalers.enabled_scalers() if info.used]
+    scalers = [info for info in ctx.scalers.enabled_infos() if info.used]
     if scalers and f.total and not used_autocast and not ctx.ledger.has("AUTOCAST_INACTIVE"):
         info = scalers[0]
         ctx.ledger.add(
@@ -164,7 +191,7 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
 
 
 def _scaler_with_bf16(ctx: Context) -> None:
-    for _sc, info in ctx.scalers.enabled_scalers():
+    for info in ctx.scalers.enabled_infos():
         if info.saw_bf16 and not info.saw_fp16:
             ctx.ledger.add(
                 "SCALER_WITH_BF16", key=info.location,
@@ -192,36 +219,18 @@ def _norm_stats(ctx: Context) -> None:
 
 
 @functools.cache
-def measured_speed(device: str) -> dict[torch.dtype, float]:
-    """Matmul TFLOP/s per dtype on ``device`` (measured once per process; about 1 s on a CPU without fp16 units)."""
-    from ampkit._speed import matmul_tflops
-
-    return matmul_tflops(device=device, n=512, rounds=3, min_time_s=0.02)
+def _slow_finding(name: str, device: str) -> Finding | None:
+    """SLOW_LOW_PRECISION for ``name`` on ``device``, measured once per process (about 1 s on a CPU
+    without fp16 units; 512x512 matmuls: small ones are dominated by overheads)."""
+    return low_precision_speed(name, device, n=512, rounds=3)
 
 
 def _slow_low_precision(ctx: Context) -> None:
     f = ctx.forwards
     used = {d for d, n in (f.autocast + f.half_params).items() if n and d in (torch.float16, torch.bfloat16)}
     for device in sorted(f.devices):
-        if device not in ("cpu", "cuda", "xpu", "mps") or not used:
-            continue
-        speed = measured_speed(device)
-        base = speed[torch.float32]
         for dtype in sorted(used, key=str):
-            ratio = speed[dtype] / base
-            if ratio >= SLOW_RATIO:
-                continue
-            alt = max((d for d in speed if speed[d] / base >= 1.0 and d != torch.float32), key=lambda d: speed[d],
-                      default=None)
-            hint = (f"use {dtype_name(alt)} ({speed[alt] / base:.1f}x fp32 here)" if alt is not None
-                    else "train in fp32 on this machine")
-            ctx.ledger.add(
-                "SLOW_LOW_PRECISION", key=(device, dtype),
-                message=(f"{dtype_name(dtype)} matmul on this {device} runs at {speed[dtype]:.3g} TFLOP/s against "
-                         f"{base:.3g} for fp32: {1 / ratio:.1f}x slower (no native {dtype_name(dtype)} units), so "
-                         "mixed precision costs time instead of saving it"),
-                fix=hint,
-                evidence={"device": device, "dtype": dtype_name(dtype), "tflops": {dtype_name(d): v for d, v in
-                                                                                   speed.items()},
-                          "slowdown": 1 / ratio},
-            )
+            finding = _slow_finding(dtype_name(dtype), device)
+            if finding is not None:
+                ctx.ledger.add(finding.code, key=(device, dtype), message=finding.message, fix=finding.fix,
+                               evidence=finding.evidence)

@@ -83,14 +83,27 @@ class ScalerWatch:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.scalers: weakref.WeakKeyDictionary[Any, ScalerInfo] = weakref.WeakKeyDictionary()
+        self.infos: list[ScalerInfo] = []
         self.in_step = 0
         self._scaled: dict[int, ScaledSource] = {}
         self.scaled_overflow: set[int] = set()
         """Iterations where loss × scale overflowed the loss's low-precision dtype."""
         self.ampkit_scaled = 0
+        self.direct_steps = 0
+        """optimizer.step() calls outside scaler.step since the last update."""
 
     def enabled_scalers(self) -> list[tuple[Any, ScalerInfo]]:
+        """Live enabled scalers (during the run)."""
         return [(s, i) for s, i in list(self.scalers.items()) if i.enabled]
+
+    def enabled_infos(self) -> list[ScalerInfo]:
+        """Every enabled scaler the run created, also after the script dropped it (end-of-run rules)."""
+        return [i for i in self.infos if i.enabled]
+
+    def _new_info(self, sc: Any, info: ScalerInfo) -> ScalerInfo:
+        self.scalers[sc] = info
+        self.infos.append(info)
+        return info
 
     def install(self, patches: PatchSet) -> None:
         gs = torch.amp.grad_scaler.GradScaler
@@ -109,10 +122,10 @@ class ScalerWatch:
     def info(self, sc: Any) -> ScalerInfo:
         info = self.scalers.get(sc)
         if info is None:
-            info = self.scalers[sc] = ScalerInfo(
+            info = self._new_info(sc, ScalerInfo(
                 location=None, device=str(getattr(sc, "_device", "cuda")), requested=bool(sc._enabled),
                 enabled=bool(sc._enabled), init_scale=float(getattr(sc, "_init_scale", 0.0)),
-            )
+            ))
         return info
 
     # -- wrappers -----------------------------------------------------------------------------
@@ -120,11 +133,11 @@ class ScalerWatch:
         def __init__(sc: Any, *args: Any, **kwargs: Any) -> None:
             orig(sc, *args, **kwargs)
             requested = kwargs.get("enabled", args[5] if len(args) > 5 else True)
-            self.scalers[sc] = ScalerInfo(
+            self._new_info(sc, ScalerInfo(
                 location=self.ctx.code.caller(), device=str(sc._device), requested=bool(requested),
                 enabled=bool(sc._enabled), init_scale=float(kwargs.get("init_scale", args[1] if len(args) > 1
                                                                        else 2.0**16)),
-            )
+            ))
         return __init__
 
     def _wrap_flag(self, flag: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -152,7 +165,7 @@ class ScalerWatch:
             self._register(outputs, out, scale_t, enabled, "torch")
             if enabled:
                 info.used += 1
-                self._check_scaled(outputs, out)
+                self._check_scaled(outputs, out, scale_t)
                 lows = {c.low_precision for c in self.ctx.models.captures if c.loss is None}
                 info.saw_bf16 |= torch.bfloat16 in lows
                 info.saw_fp16 |= torch.float16 in lows
@@ -168,8 +181,13 @@ class ScalerWatch:
             return out
         return scale
 
-    def _check_scaled(self, outputs: Any, out: Any) -> None:
-        """LOSS_IN_LOW_PRECISION as an error: a finite fp16 loss whose scaled value overflowed."""
+    def _check_scaled(self, outputs: Any, out: Any, scale: torch.Tensor | None) -> None:
+        """LOSS_IN_LOW_PRECISION as an error: a finite low-precision loss whose scaling overflows.
+
+        Either the scaled value itself (when the product stays in the loss's dtype), or the gradient
+        seed: backward enters the loss with d(loss × scale)/d(loss) = scale, rounded to the loss's
+        dtype, so an fp16 loss overflows at every scale above 65504 whatever its value.
+        """
         ins, _ = tree_flatten(outputs)
         outs, _ = tree_flatten(out)
         for a, b in zip(ins, outs):
@@ -177,6 +195,8 @@ class ScalerWatch:
                 ctx, it = self.ctx, self.ctx.iteration
                 location = ctx.code.caller()
                 overflow = (~torch.isfinite(b.detach())).any() & torch.isfinite(a.detach()).all()
+                if scale is not None:
+                    overflow = overflow | (scale > torch.finfo(a.dtype).max)
 
                 def judge(v: float, a_dtype: torch.dtype = a.dtype) -> None:
                     if v > 0:
@@ -184,9 +204,10 @@ class ScalerWatch:
                         ctx.ledger.add(
                             "LOSS_IN_LOW_PRECISION", key=location, severity="error",
                             message=(
-                                f"the loss is a {dtype_name(a_dtype)} tensor, so scaler.scale(loss) multiplied it "
-                                "by the loss scale in that dtype and the product overflowed to inf: every such "
-                                "step is skipped although the loss itself was finite"
+                                f"the loss is a {dtype_name(a_dtype)} tensor, and scaling it overflowed "
+                                f"{dtype_name(a_dtype)}: backward starts from d(loss × scale)/d(loss) = scale, "
+                                f"rounded to {dtype_name(a_dtype)} (largest {torch.finfo(a_dtype).max:g}), so "
+                                "every step at a larger scale is skipped although the loss itself was finite"
                             ),
                             fix="compute the loss in fp32 (`.float()` on the model output before the loss) so "
                                 "loss × scale stays finite",
@@ -196,11 +217,16 @@ class ScalerWatch:
 
     def _explain_order(self, exc: BaseException, location: str | None) -> None:
         text = str(exc)
+        if "No inf checks were recorded prior" in text and self.direct_steps and self.ctx.ledger.has(
+                "UNSCALE_ORDER_ERROR"):
+            exc._ampkit_explained = True  # type: ignore[attr-defined]
+            return  # the consequence of the optimizer.step() that bypassed the scaler, already reported
         for needle, fix in _ORDER_FIXES.items():
             if needle in text:
                 code = "UNSCALE_ORDER_ERROR"
                 message = f"GradScaler raised {type(exc).__name__}: {text}"
-                if needle.startswith("No inf checks were recorded prior") and self.ctx.backward.since_update:
+                if (needle.startswith("No inf checks were recorded prior") and self.ctx.backward.since_update
+                        and not self.direct_steps):
                     code = "ACCUMULATION_SCALE_CHANGE"
                     message = (
                         f"scaler.update() was called on a micro-batch that did not step the optimizer "
@@ -246,7 +272,7 @@ class ScalerWatch:
                 per_dev = list(state["found_inf_per_device"].values()) if state else []
                 if per_dev:
                     found = per_dev[0] if len(per_dev) == 1 else torch.stack([f.to(per_dev[0].device) for f in per_dev]).sum()
-                    ctx.optim.info(optimizer).last_found = found
+                    ctx.optim.info(optimizer).last_found = (found, ctx.iteration)
                     # GradScaler already synced on found_inf for non-fused optimizers: reading it again is free.
                     urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or ctx.sampler.dense(
                         ctx.iteration)
@@ -287,6 +313,7 @@ class ScalerWatch:
                 ctx.pending.read(sc._scale.detach().clone(), lambda v: info.scales.append((it, v)))
             info.stepped_since_update = info.unscaled_since_update = info.backward_scaled = False
             ctx.backward.since_update = 0
+            self.direct_steps = 0
             self._scaled.clear()
             return out
         return update
@@ -329,6 +356,7 @@ class ScalerWatch:
 
     def on_direct_step(self, opt: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` called outside ``scaler.step`` while gradients are scaled."""
+        self.direct_steps += 1
         for _sc, info in self.enabled_scalers():
             if info.backward_scaled:
                 location = self.ctx.code.caller()

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ampkit.diagnose.api import SCHEMA, DiagnosisResult
 from ampkit.diagnose.events import sort_findings
 from ampkit.diagnose.findings import Finding
@@ -161,11 +163,63 @@ class _Runner:
             return
         if failure.cause == "gradient_overflow" and seen not in (1, 4, 16):
             return
-        # The micro-batch whose loss went non-finite, else the last one of the window.
-        cap = next((c for c in caps if c.loss is not None and not bool(c.loss.isfinite().all())), caps[-1])
+        cap = self._pick(caps, failure)
+        if cap is None:
+            return
         result = self._replay(cap, f"{failure.kind}:{failure.cause}", failure.iteration)
+        if result is not None and failure.cause in ("gradient_overflow", "nonfinite_loss"):
+            codes = {f.code for f in result.findings if f.severity == "error"}
+            if codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW"}:
+                self.ctx.reclassify(failure.iteration, "nonfinite_loss" if failure.cause == "nonfinite_loss"
+                                    else "nonfinite_forward")
         if failure.cause != "gradient_overflow" or (result is not None and result.has_errors):
             self._settled.add(failure.cause)
+
+    def _pick(self, caps: list[Capture], failure: Failure) -> Capture | None:
+        """The captured forward whose replay can show the failure, or None when it lies outside every model.
+
+        * non-finite data: the forward that received it;
+        * non-finite loss: the forward whose output is non-finite; when all outputs are finite the
+          loss code between the models and the loss produced it (a process-level finding);
+        * gradient overflow: a forward whose output and incoming gradient are finite (the overflow
+          is inside it); when every incoming gradient is non-finite, the overflow happened between
+          the outputs and the loss, in code no replay of a model can show.
+        """
+        if failure.cause == "nonfinite_data":
+            return next((c for c in reversed(caps) if any(not bool(torch.isfinite(x).all())
+                                                          for x in c.float_inputs())), caps[-1])
+        if failure.cause == "nonfinite_loss":
+            bad = next((c for c in reversed(caps) if not c.outputs_finite()), None)
+            if bad is None:
+                self._loss_code_nonfinite(caps[-1], failure)
+            return bad
+        if failure.cause == "gradient_overflow":
+            ok = [c for c in reversed(caps) if c.outputs_finite() and c.grads_finite() is not False]
+            if ok:
+                return ok[0]
+            self._boundary_overflow(caps[-1], failure)
+            return None
+        return None
+
+    def _loss_code_nonfinite(self, cap: Capture, failure: Failure) -> None:
+        label = self.ctx.models.label(cap.root)
+        loss = cap.loss
+        nan = loss is not None and bool(torch.isnan(loss).any())
+        self.ctx.ledger.add(
+            "FORWARD_NAN" if nan else "FORWARD_OVERFLOW", key=("loss-code", label),
+            message=(f"the loss became {'NaN' if nan else 'inf'} at step {failure.iteration} although the outputs of "
+                     f"{label} were finite: the op that produced it runs between the model and the loss (the loss "
+                     "function or a post-processing step), in low precision"),
+            fix="compute the loss from fp32 values: `loss_fn(output.float(), target)`, and guard log/div/exp "
+                "against zero and huge inputs",
+            location=cap.location, step=failure.iteration,
+        )
+
+    def _boundary_overflow(self, cap: Capture, failure: Failure) -> None:
+        label = self.ctx.models.label(cap.root)
+        self.ctx.boundary_overflows.append(failure.iteration)
+        self.ctx.note_location("boundary_overflow", cap.location)
+        self.ctx.note_location("boundary_model", label)
 
     # -- the run -------------------------------------------------------------------------------
     @contextmanager

@@ -5,7 +5,9 @@ model on the captured inputs, with the captured RNG state and autocast state, an
 backward from the model's outputs with the gradient they received in the user's own backward
 (``OutputGradProgram``).  When that gradient was rounded to fp16/bf16 by a cast right after the
 model (autocast's fp32 loss ops, ``.float()``), the gradient from *before* the cast is used,
-so an overflow at that boundary is reproduced, and judged at scale 1, exactly.
+so an overflow at that boundary is reproduced, and judged at scale 1, exactly.  Entries made
+non-finite by a non-finite forward are zeroed (``_usable``), so the keep-fp32 bisection can
+tell a fixed forward from a broken one.
 """
 
 from __future__ import annotations
@@ -50,15 +52,36 @@ def replay_capture(cap: Capture, *, intended: str | None = None, step: int | Non
     if how is None:
         return None
     name, dtype, autocast_on = how
-    grads = [g32 if g32 is not None else g for g, g32 in zip(cap.grads, cap.grads_fp32)]
     scale = float(cap.scale) if cap.scale is not None else 1.0
+    grads = [_usable(g32 if g32 is not None else g, out, scale)
+             for g, g32, out in zip(cap.grads, cap.grads_fp32, cap.outputs)]
     program = OutputGradProgram(cap.args, cap.kwargs, grads, loss_scale=scale,
                                 autocast=(cap.device.type, dtype, autocast_on))
     precision = Precision.parse(name, cap.device)
     rng = RngSnapshot(cap.device, cpu=cap.rng_cpu, accel=cap.rng_device)
-    session = Session(cap.root, program, precision, user_paths=tuple(user_paths), rng=rng)
+    with cap.running_stats_before():
+        session = Session(cap.root, program, precision, user_paths=tuple(user_paths), rng=rng)
     try:
         return diagnose_program(cap.root, program, precision, step=step, bisect=bisect,
                                 user_paths=user_paths, session=session)
     finally:
         session.close()
+
+
+def _usable(grad: torch.Tensor | None, out: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """The captured output gradient, made usable as a backward seed.
+
+    A non-finite loss sends NaN back only into the output rows that were non-finite (each
+    row's gradient depends on its own values); those entries are zeroed so that a trial that
+    fixes the forward can also finish its backward.  A gradient that is non-finite everywhere
+    carries no information: it is replaced by the gradient of a mean over the output
+    (``scale / numel`` per element), the right order of magnitude for a mean-reduced loss.
+    """
+    if grad is None:
+        return None
+    finite = torch.isfinite(grad)
+    if bool(finite.all()):
+        return grad
+    if bool(finite.any()):
+        return torch.where(finite, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    return torch.full(out.shape, scale / max(1, out.numel()), dtype=torch.float32, device=out.device)
