@@ -64,7 +64,7 @@ class AutocastWatch:
         code = self.ctx.code
 
         def __init__(ac: Any, *args: Any, **kwargs: Any) -> None:
-            orig(ac, *args, **kwargs)
+            code.call(orig, ac, *args, **kwargs)
             if self.ctx.paused:
                 return
             requested = kwargs.get("enabled", args[2] if len(args) > 2 else True)
@@ -165,7 +165,7 @@ class OptimWatch:
     # -- optimizers ----------------------------------------------------------------------------
     def _wrap_opt_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-            orig(opt, *args, **kwargs)
+            self.ctx.code.call(orig, opt, *args, **kwargs)
             if opt not in self.optimizers:
                 self.optimizers[opt] = OptInfo(location=self.ctx.code.caller())
         return __init__
@@ -251,7 +251,7 @@ class OptimWatch:
         def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
             self._sched_depth += 1
             try:
-                return orig(sched, *args, **kwargs)
+                return self.ctx.code.call(orig, sched, *args, **kwargs)
             finally:
                 self._sched_depth -= 1
                 if self._sched_depth == 0 and getattr(sched, "_step_count", 1) > 1:

@@ -12,6 +12,7 @@ import os
 import sys
 import sysconfig
 import types
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,7 @@ class CodeFilter:
         self.user_roots = tuple(str(Path(r).resolve()) for r in user_roots)
         self._libs = _library_dirs()
         self._cache: dict[str, bool] = {}
+        self._reissued: set[tuple[Any, ...]] = set()
 
     def is_user(self, filename: str) -> bool:
         known = self._cache.get(filename)
@@ -143,6 +145,36 @@ class CodeFilter:
         while frame is not None and not self.is_user(frame.f_code.co_filename):
             frame = frame.f_back
         return frame
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, with the warnings it raises re-attributed to the user's line.
+
+        torch warns with ``stacklevel=2``, which would point at the doctor's wrapper instead of
+        the script; the warnings are caught and re-issued at the innermost user frame, through
+        the normal filters and that module's once-per-location registry.
+        """
+        caught: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                return fn(*args, **kwargs)
+        finally:
+            self._reissue(caught)
+
+    def _reissue(self, caught: list[warnings.WarningMessage]) -> None:
+        if not caught:
+            return
+        frame = self.caller_frame(2)
+        for w in caught:
+            filename, lineno = (w.filename, w.lineno) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+            key = (str(w.message), w.category, filename, lineno)
+            # catch_warnings resets the registries' "already shown" state, so repeats are dropped
+            # here: the default filter's once-per-location behaviour.
+            if key in self._reissued:
+                continue
+            self._reissued.add(key)
+            warnings.warn_explicit(w.message, w.category, filename, lineno,
+                                   module=frame.f_globals.get("__name__") if frame is not None else None)
 
     def user_frames(self, tb: types.TracebackType | None) -> list[types.FrameType]:
         """The traceback's frames that run user code, outermost first."""

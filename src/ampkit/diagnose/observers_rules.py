@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ampkit.diagnose.observers import Context
     from ampkit.diagnose.observers_scaler import ScalerInfo
 
-__all__ = ["COLLAPSE_STEADY_FRACTION", "finalize"]
+__all__ = ["COLLAPSE_STEADY_FRACTION", "finalize", "slow_low_precision"]
 COLLAPSE_STEADY_FRACTION = 0.5
 """A scale that still skips this fraction of the second half of a run never settled."""
 
@@ -219,7 +219,7 @@ def _norm_stats(ctx: Context) -> None:
 
 
 @functools.cache
-def _slow_finding(name: str, device: str) -> Finding | None:
+def slow_low_precision(name: str, device: str) -> Finding | None:
     """SLOW_LOW_PRECISION for ``name`` on ``device``, measured once per process (about 1 s on a CPU
     without fp16 units; 512x512 matmuls: small ones are dominated by overheads)."""
     return low_precision_speed(name, device, n=512, rounds=3)
@@ -230,7 +230,7 @@ def _slow_low_precision(ctx: Context) -> None:
     used = {d for d, n in (f.autocast + f.half_params).items() if n and d in (torch.float16, torch.bfloat16)}
     for device in sorted(f.devices):
         for dtype in sorted(used, key=str):
-            finding = _slow_finding(dtype_name(dtype), device)
+            finding = slow_low_precision(dtype_name(dtype), device)
             if finding is not None:
                 ctx.ledger.add(finding.code, key=(device, dtype), message=finding.message, fix=finding.fix,
                                evidence=finding.evidence)

@@ -131,7 +131,7 @@ class ScalerWatch:
     # -- wrappers -----------------------------------------------------------------------------
     def _wrap_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(sc: Any, *args: Any, **kwargs: Any) -> None:
-            orig(sc, *args, **kwargs)
+            self.ctx.code.call(orig, sc, *args, **kwargs)
             requested = kwargs.get("enabled", args[5] if len(args) > 5 else True)
             self._new_info(sc, ScalerInfo(
                 location=self.ctx.code.caller(), device=str(sc._device), requested=bool(requested),
