@@ -194,3 +194,14 @@ def test_trace_leaves_model_grads_buffers_and_rng_untouched() -> None:
     assert torch.equal(model[0].weight.grad, torch.full_like(model[0].weight, 7.0))
     assert model[3].weight.grad is None
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_trace_headroom_counts_intermediates_inside_a_module() -> None:
+    model = dm.NormNet(hot=(1,))
+    result = diagnose_step(model, dm.fp16_run(torch.randn(4, 16) * 3), precision="fp16", bisect=False)
+    room = result.module_headroom
+    # x*x inside blocks.1.norm exceeds fp16 (fp32 reference values), though its output is normalised.
+    assert room["blocks.1.norm"]["fp16"][0] < 0 < room["blocks.0.norm"]["fp16"][0]
+    assert room["blocks.1"]["fp16"][0] == room["blocks.1.norm"]["fp16"][0]  # the block contains the peak
+    assert room["blocks.1.norm"]["bf16"][0] > 100
+    assert set(result.grad_headroom["blocks.1.fc"]) == {"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"}

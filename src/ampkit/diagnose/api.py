@@ -65,10 +65,15 @@ class DiagnosisResult:
     findings: list[Finding]
     """Sorted worst first."""
     module_headroom: Headroom = field(default_factory=dict)
-    """Module -> format -> (bits to overflow, bits to underflow) of its forward outputs, measured
-    on the fp32 reference when there is one (the true values), else on the low-precision run."""
+    """Module -> format -> (bits to overflow, bits to underflow) in the forward: overflow against the
+    largest magnitude computed anywhere inside the module (every op's output, sub-modules
+    included: an intermediate like x*x overflows even when the module's output is small);
+    underflow against the smallest non-zero magnitude of its outputs.  Measured on the fp32
+    reference when there is one (true values, not values already clipped to inf), else on the
+    low-precision run."""
     grad_headroom: Headroom = field(default_factory=dict)
-    """Module -> format -> headroom of its parameters' gradients (unscaled, fp32 reference)."""
+    """The same for the backward (unscaled): overflow against the largest gradient computed in the
+    module's backward ops, underflow against its parameters' smallest non-zero gradient."""
     keep_fp32: list[str] | None = None
     """The verified minimal set of modules to keep in fp32 (None when none was needed or found)."""
     precision: str = ""
@@ -177,7 +182,7 @@ class _Diagnosis:
     def run(self, *, shadow: bool, bisect: bool) -> DiagnosisResult:
         s = self.s
         if shadow:
-            self.ref = s.run(s.shadow_model(), mode="fp32", fp32=True, keep_outputs=True)
+            self.ref = s.run(s.shadow_model(), mode="fp32", fp32=True, keep_outputs=True, trace=True)
             if self.ref.exception is not None:
                 self.ref = None  # the fp32 copy cannot run the step (explicit casts in user code): no shadow
         lp = s.run(s.work, mode="scaled", trace=True, stats=self.ref is None,
@@ -422,13 +427,39 @@ class _Diagnosis:
         gnames = list(by_module)
         granges = [merge_ranges([pending_range(g) for g in by_module[m]]) for m in gnames]
         values = finalize_ranges(ranges + granges)
+        out_min = {n: v[1] for n, v in zip(names, values[: len(names)])}
+        grad_min = {m: v[1] * inv for m, v in zip(gnames, values[len(names):])}
+        fwd_peak = self._peaks(src, "forward", 1.0, {n: v[0] for n, v in zip(names, values[: len(names)])})
+        bwd_peak = self._peaks(src, "backward", inv, {m: v[0] * inv for m, v in zip(gnames, values[len(names):])})
 
-        def rooms(absmax: float, min_nz: float, scale: float = 1.0) -> dict[str, tuple[float, float]]:
-            return {k: headroom(absmax * scale, min_nz * scale, fmt) for k, fmt in FORMATS.items()}
+        def rooms(peaks: dict[str, float], mins: dict[str, float]) -> Headroom:
+            order = list(dict.fromkeys([*mins, *peaks]))
+            return {n: {k: (headroom(peaks.get(n, 0.0), math.inf, fmt)[0],
+                            headroom(0.0, mins.get(n, math.inf), fmt)[1]) for k, fmt in FORMATS.items()}
+                    for n in order}
 
-        acts = {n: rooms(*v) for n, v in zip(names, values[: len(names)])}
-        grads = {m: rooms(*v, scale=inv) for m, v in zip(gnames, values[len(names):])}
-        return acts, grads
+        return rooms(fwd_peak, out_min), rooms(bwd_peak, grad_min)
+
+    def _peaks(self, run: RunResult, phase: str, scale: float, base: dict[str, float]) -> dict[str, float]:
+        """Largest finite magnitude per module over the traced ops of ``phase`` (ancestors included)."""
+        peaks = dict(base)
+        if run.log is None:
+            return peaks
+        known = self.modules
+        for rec in run.log.records:
+            if rec.phase != phase or rec.module is None or not rec.out_slots:
+                continue
+            v = max((run.log.absmax(sl) for sl in rec.out_slots), default=0.0) * scale
+            if not math.isfinite(v):
+                continue
+            name = rec.module
+            while True:
+                if name in known and v > peaks.get(name, 0.0):
+                    peaks[name] = v
+                if name == "":
+                    break
+                name = name.rpartition(".")[0]
+        return peaks
 
 
 def _alternative(fix: str) -> str:

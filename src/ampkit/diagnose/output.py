@@ -147,7 +147,11 @@ def _bar_color(bits: float) -> str:
 
 
 def _headroom_svg(rows: dict[str, dict[str, tuple[float, float]]], fmt: str) -> str:
-    """Diverging bars per module: bits to overflow (left panel), bits to underflow (right panel)."""
+    """Diverging bars per module: bits to overflow (left panel), bits to underflow (right panel).
+
+    Overflow is measured against the largest value computed inside the module (intermediates
+    included), underflow against the smallest non-zero output (see ``DiagnosisResult``).
+    """
     names = list(rows)
     label_w, panel_w, gap, row_h, top = 260, 330, 30, 16, 34
     width = label_w + 2 * panel_w + gap + 10
@@ -159,9 +163,9 @@ def _headroom_svg(rows: dict[str, dict[str, tuple[float, float]]], fmt: str) -> 
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="headroom in {_esc(fmt)}">']
-    for panel, title in enumerate(("bits to overflow", "bits to underflow")):
+    for panel, title in enumerate(("bits to overflow (largest value inside)", "bits to underflow (smallest output)")):
         x0 = x_of(panel, 0.0)
-        parts.append(f'<text x="{label_w + panel * (panel_w + gap)}" y="12">{title} (log2; &lt;0 = out of range)</text>')
+        parts.append(f'<text x="{label_w + panel * (panel_w + gap)}" y="12">{title}</text>')
         for tick in range(int(_X_MIN), int(_X_MAX) + 1, 8):
             xt = x_of(panel, tick)
             parts.append(f'<line x1="{xt:.1f}" y1="18" x2="{xt:.1f}" y2="{height - 8}" stroke="#eee"/>'
@@ -169,7 +173,7 @@ def _headroom_svg(rows: dict[str, dict[str, tuple[float, float]]], fmt: str) -> 
         parts.append(f'<line x1="{x0:.1f}" y1="18" x2="{x0:.1f}" y2="{height - 8}" stroke="#999"/>')
     for i, name in enumerate(names):
         y = top + i * row_h
-        label = display_module(name) if name else "(model output)"
+        label = display_module(name) if name else "(whole model)"
         parts.append(f'<text x="{label_w - 6}" y="{y + 11}" text-anchor="end">{_esc(label[-40:])}</text>')
         for panel, bits in enumerate(rows[name].get(fmt, (math.inf, math.inf))):
             x0 = x_of(panel, 0.0)
@@ -180,8 +184,10 @@ def _headroom_svg(rows: dict[str, dict[str, tuple[float, float]]], fmt: str) -> 
             left, w = (x0, x1 - x0) if x1 >= x0 else (x1, x0 - x1)
             parts.append(f'<rect x="{left:.1f}" y="{y + 2}" width="{max(w, 1):.1f}" height="{row_h - 4}" '
                          f'fill="{_bar_color(bits)}"><title>{_esc(label)}: {bits:.2f} bits</title></rect>')
-            clipped = "+" if bits > _X_MAX else ""
-            parts.append(f'<text x="{max(x1, x0) + 3:.1f}" y="{y + 11}" fill="#333">{bits:.1f}{clipped}</text>')
+            if bits > _X_MAX:  # clipped: label inside the bar's end
+                parts.append(f'<text x="{x1 - 3:.1f}" y="{y + 11}" fill="#fff" text-anchor="end">{bits:.0f}&#8594;</text>')
+            else:
+                parts.append(f'<text x="{max(x1, x0) + 3:.1f}" y="{y + 11}" fill="#333">{bits:.1f}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -193,6 +199,22 @@ def _finding_html(f: Finding) -> str:
             f'</span><span class="code">{_esc(f.code)}</span> <span class="where">{where}</span>'
             f"<div>{_esc(f.message)}</div><div class=\"fix\"><b>fix:</b> {_esc(f.fix)}</div>"
             f"<details><summary>evidence</summary><pre>{evidence}</pre></details></div>")
+
+
+def _verification_html(result: DiagnosisResult) -> str:
+    v = (result.bisection or {}).get("verification") or {}
+    if not v:
+        return ""
+    parts = [f"modules kept in fp32: {', '.join(map(str, v.get('modules') or []))}",
+             f"step finite: {'yes' if v.get('finite') else 'no'}"]
+    if isinstance(v.get("loss"), (int, float)):
+        ref = f" (fp32: {result.loss_fp32:.6g})" if isinstance(result.loss_fp32, (int, float)) else ""
+        parts.append(f"loss {v['loss']:.6g}{ref}")
+    parts.append(f"output SQNR {_fmt_db(v.get('output_sqnr_db'))}")
+    if "grad_sqnr_db" in v:
+        parts.append(f"gradient SQNR {_fmt_db(v.get('grad_sqnr_db'))}")
+    parts.append(f"{v.get('trials', '?')} trial(s)")
+    return "<br>Re-running the step with it, on a fresh copy: " + _esc("; ".join(parts)) + "."
 
 
 def _sqnr_table(comparison: dict[str, Any]) -> str:
@@ -230,20 +252,19 @@ def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[s
             + (f" · torch {_esc(env.get('torch'))} on {_esc(env.get('device'))}" if env else "") + "</div>"]
     if result.keep_fp32:
         head.append(f'<h2>Verified fix</h2><div class="ok"><code>MixedPrecision(..., keep_fp32='
-                    f"{_esc(repr(result.keep_fp32))})</code> — re-running the step with it was checked: "
-                    f"{_esc(json.dumps(jsonable((result.bisection or {}).get('verification') or {}), allow_nan=False))}"
-                    "</div>")
+                    f"{_esc(repr(result.keep_fp32))})</code>{_verification_html(result)}</div>")
     body = ["<h2>Findings</h2>", *(_finding_html(f) for f in findings)] if findings else ["<h2>Findings</h2><p>none</p>"]
     charts: list[str] = []
-    for title, rows in (("module outputs", result.module_headroom), ("parameter gradients (unscaled)",
-                                                                       result.grad_headroom)):
+    for title, rows in (("the forward (activations)", result.module_headroom),
+                        ("the backward (gradients, unscaled)", result.grad_headroom)):
         if not rows:
             continue
         charts.append(f"<h2>Headroom of {title}</h2>")
         for i, (fmt, fr) in enumerate(FORMATS.items()):
             opened = " open" if i < 2 else ""
             charts.append(f"<details{opened}><summary>{_esc(fmt)} (max {fr.max:g}, smallest normal "
-                          f"{fr.min_normal:g})</summary>{_headroom_svg(rows, fmt)}</details>")
+                          f"{fr.min_normal:g}; log2 bits, below 0 = out of range)</summary>"
+                          f"{_headroom_svg(rows, fmt)}</details>")
     env_html = f"<h2>Environment</h2><pre>{_esc(json.dumps(jsonable(env), indent=2, allow_nan=False))}</pre>" if env else ""
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>ampkit doctor report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(head)}{''.join(body)}"

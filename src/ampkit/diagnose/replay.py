@@ -23,7 +23,7 @@ doctor queues ``[found_inf > 0, any loss non-finite]`` on the device.  On the CP
 tensor is already computed when it is read (CPU kernels are synchronous), so it is read at
 once; on an accelerator it is copied into pinned memory with ``non_blocking=True`` and an
 event, and read at a later hook (the next forward or boundary) once ``event.query()`` says it
-has arrived — never by waiting.  A failed step (skipped, or non-finite loss) is replayed on
+has arrived — never by waiting (``torch.Event``: CUDA, XPU, MPS alike).  A failed step (skipped, or non-finite loss) is replayed on
 a deep copy of the model, fully instrumented (``ampkit.diagnose.api``), and its findings are
 appended to ``findings`` and logged on the ``ampkit.doctor`` logger.
 
@@ -41,6 +41,7 @@ parameters of that later step (recorded as ``evidence.params_from_step``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -117,6 +118,7 @@ class ReplayDoctor(EngineHook):
         self._pending: list[_StepCapture] = []
         self._replaying = False
         self._scaling_ok = False
+        self._loss_reported = False
         self._warned_unprepared = False
         self._out_nodes: dict[Any, tuple[_Call, int]] = {}
         for model in engine.models:
@@ -161,12 +163,12 @@ class ReplayDoctor(EngineHook):
             # Free: CPU kernels have already run, so reading the flag waits for nothing.
             self._decide(cap, flag.tolist())
             return
+        # Queue the copy behind the step's kernels; an event says when it has landed.
         host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=flag.device.type == "cuda")
         host.copy_(flag, non_blocking=True)
         cap.flag = host
-        if flag.device.type == "cuda":
-            cap.event = torch.cuda.Event()
-            cap.event.record()
+        cap.event = torch.Event(device=flag.device)
+        cap.event.record()
         self._pending.append(cap)
         self._poll()
 
@@ -280,6 +282,11 @@ class ReplayDoctor(EngineHook):
         effective = scale / cap.grad_accumulation  # the factor the captured output gradients carry
         found: list[Finding] = []
         self._replaying = True
+        # A replay can start inside the caller's forward pre-hook (accelerators): leave its autocast
+        # and grad mode outside, every program sets its own.
+        clean = contextlib.ExitStack()
+        clean.enter_context(torch.enable_grad())
+        clean.enter_context(torch.autocast(self.engine.device.type, enabled=False))
         try:
             for call in cap.calls:
                 grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
@@ -304,9 +311,22 @@ class ReplayDoctor(EngineHook):
             log.warning("ampkit doctor: replay of step %d failed: %s: %s", cap.step, type(exc).__name__, exc)
             return []
         finally:
+            clean.close()
             self._replaying = False
         if any(f.code == "BACKWARD_OVERFLOW" and f.severity == "info" for f in found):
             self._scaling_ok = True
+        low = sorted({str(x.dtype).replace("torch.", "") for x in cap.losses
+                      if x.dtype in (torch.float16, torch.bfloat16)})
+        if low and not self._loss_reported:
+            self._loss_reported = True
+            found.append(Finding(
+                code="LOSS_IN_LOW_PRECISION", severity="warning",
+                message=(f"the loss passed to mp.backward() is {low[0]}: its value and its gradient seed are rounded "
+                         f"to {low[0]}, and scaling it keeps it in {low[0]}, where it can overflow"),
+                fix=("Compute the loss from fp32 values: loss_fn(output.float(), target), or compute it outside the "
+                     "autocast block."),
+                step=cap.step, evidence={"loss_dtype": low[0]},
+            ))
         found = sort_findings(found)
         self.findings.extend(found)
         _log(cap.step, reason, found)
