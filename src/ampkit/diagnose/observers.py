@@ -41,13 +41,17 @@ class Sampler:
 
     def __init__(self, warmup: int = 4, period: int = 32, after_event: int = 4) -> None:
         self.warmup, self.period, self.after_event = warmup, period, after_event
-        self._until = -1
+        self._boosts: list[tuple[int, int]] = []
 
     def dense(self, it: int) -> bool:
-        return it < self.warmup or it % self.period == 0 or it <= self._until
+        return it < self.warmup or it % self.period == 0 or any(a <= it <= b for a, b in self._boosts)
 
     def boost(self, it: int) -> None:
-        self._until = max(self._until, it + self.after_event)
+        """Observe ``it`` and the ``after_event`` iterations after it densely."""
+        if self._boosts and self._boosts[-1][0] <= it <= self._boosts[-1][1] + 1:
+            self._boosts[-1] = (self._boosts[-1][0], max(self._boosts[-1][1], it + self.after_event))
+        else:
+            self._boosts.append((it, it + self.after_event))
 
 
 @dataclass
@@ -210,7 +214,6 @@ class Context:
 
     def _inputs_nonfinite(self, caps: list[Capture], it: int) -> bool:
         """NONFINITE_INPUT: non-finite values in a captured batch (a host read; failure path only)."""
-        names = self.models.named_modules()
         bad = False
         for cap in caps:
             for i, x in enumerate(cap.float_inputs()):

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.optim.lr_scheduler
-from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ampkit.diagnose.observers_base import PatchSet
@@ -195,7 +194,7 @@ class OptimWatch:
                 self._check_grads(opt)
         if ctx.autocast.depth and ctx.autocast.any_enabled() and ctx.autocast.region_stepped is None:
             ctx.autocast.region_stepped = ctx.code.caller()
-        if info.checked < 0 or ctx.sampler.dense(ctx.iteration) and info.checked != ctx.iteration:
+        if info.checked < 0 or (ctx.sampler.dense(ctx.iteration) and info.checked != ctx.iteration):
             info.checked = ctx.iteration
             self._check_params(opt, info)
 
@@ -291,6 +290,7 @@ class BackwardWatch:
         self.calls = 0
         self.since_update = 0
         self.fp16_unscaled: list[int] = []
+        self._pending_loss: torch.Tensor | None = None
 
     def install(self, patches: PatchSet) -> None:
         patches.wrap(torch.autograd, "backward", self._wrap_backward)
@@ -350,12 +350,9 @@ class BackwardWatch:
 
     def after(self, flat: list[torch.Tensor]) -> None:
         ctx = self.ctx
-        loss = getattr(self, "_pending_loss", flat[0])
+        loss = self._pending_loss if self._pending_loss is not None else flat[0]
         self._pending_loss = None
         it = ctx.iteration
         bad = (~torch.isfinite(loss.detach())).any()
         ctx.pending.read(bad, lambda v: ctx.on_loss(it, v > 0))
 
-
-def module_name(module: nn.Module, names: dict[int, str]) -> str:
-    return names.get(id(module), type(module).__name__)

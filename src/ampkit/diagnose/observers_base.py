@@ -8,6 +8,7 @@ in reverse order, even when the observed script crashed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import sysconfig
@@ -74,10 +75,8 @@ class PatchSet:
             if isinstance(item, tuple):
                 owner, name, saved = item
                 if saved is _MISSING:
-                    try:
+                    with contextlib.suppress(AttributeError):
                         delattr(owner, name)
-                    except AttributeError:
-                        pass
                 else:
                     setattr(owner, name, saved)
             else:
@@ -218,8 +217,9 @@ class Ledger:
     """Findings keyed by ``(code, key)``: the first occurrence is kept, later ones are counted.
 
     >>> led = Ledger()
-    >>> for step in range(3):
-    ...     led.add("CLIP_BEFORE_UNSCALE", message="clipped scaled gradients", fix="unscale first", step=step)
+    >>> [led.add("CLIP_BEFORE_UNSCALE", message="clipped scaled gradients", fix="unscale first", step=s)
+    ...  for s in range(3)]
+    [True, False, False]
     >>> [(f.code, f.step, f.evidence["occurrences"]) for f in led.findings()]
     [('CLIP_BEFORE_UNSCALE', 0, 3)]
     """

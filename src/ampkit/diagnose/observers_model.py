@@ -73,11 +73,11 @@ class Capture:
     def grads_finite(self) -> bool | None:
         """Whether the gradients that reached the outputs are finite (pre-cast ones where kept); None
         when no gradient was captured.  A host read: failure path only."""
-        grads = [g32 if g32 is not None else g for g, g32 in zip(self.grads, self.grads_fp32)]
-        grads = [g for g in grads if g is not None]
+        grads = [g32 if g32 is not None else g for g, g32 in zip(self.grads, self.grads_fp32)
+                 if (g32 if g32 is not None else g) is not None]
         if not grads:
             return None
-        return all(bool(torch.isfinite(g).all()) for g in grads)
+        return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
 
     @contextlib.contextmanager
     def running_stats_before(self) -> Iterator[None]:
@@ -169,12 +169,23 @@ class ModelWatch:
         return [r.model for r in self.roots.values()]
 
     def named_modules(self) -> dict[int, str]:
-        """``id(module) -> dotted name`` within its root; a root itself is named by its label."""
+        """``id(module) -> dotted name``: ``model.named_modules()`` names when the script has one model
+        (``""`` is the model itself); with several, prefixed by each model's label (``critic.0``)."""
         names: dict[int, str] = {}
         for root in self.roots.values():
             for name, mod in root.model.named_modules():
-                names.setdefault(id(mod), name or root.label)
+                names.setdefault(id(mod), self._qualified(root.model, name))
         return names
+
+    def qualify(self, root: nn.Module, name: str | None) -> str | None:
+        """A module name relative to ``root``, as reported (see ``named_modules``)."""
+        return None if name is None else self._qualified(root, name)
+
+    def _qualified(self, root: nn.Module, name: str) -> str:
+        if len(self.roots) <= 1:
+            return name
+        label = self.label(root)
+        return f"{label}.{name}" if name else label
 
     def label(self, module: nn.Module) -> str:
         root = self.roots.get(id(module))
@@ -261,7 +272,7 @@ class ModelWatch:
             other_autocast=others, rng_cpu=torch.get_rng_state(), rng_device=rng_dev, location=self._locate(),
             # A skipped step does not undo its forward's running-stat update; the replay needs the
             # statistics from before it.  One fused copy (multi-tensor kernel) of the stats buffers.
-            running_before=(root.running, torch._foreach_mul(root.running, 1.0)) if root.running else None,
+            running_before=(root.running, list(torch._foreach_mul(root.running, 1.0))) if root.running else None,
         )
         self._pending = cap
 
@@ -317,14 +328,13 @@ class ModelWatch:
     # -- normalisation statistics -----------------------------------------------------------
     def norm_stats(self) -> list[tuple[nn.Module, torch.Tensor]]:
         """``(module, non-finite count)`` for every module with running statistics (device scalars)."""
-        out = []
+        out: list[tuple[nn.Module, torch.Tensor]] = []
         for model in self.models():
             for mod in model.modules():
                 if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
                     bufs = [b for b in (mod.running_mean, mod.running_var) if b is not None]
                     if bufs:
-                        bad = sum((~torch.isfinite(b)).sum() for b in bufs)
-                        out.append((mod, bad))  # type: ignore[arg-type]
+                        out.append((mod, torch.stack([(~torch.isfinite(b)).sum() for b in bufs]).sum()))
         return out
 
 

@@ -198,7 +198,8 @@ class ScalerWatch:
                 if scale is not None:
                     overflow = overflow | (scale > torch.finfo(a.dtype).max)
 
-                def judge(v: float, a_dtype: torch.dtype = a.dtype) -> None:
+                def judge(v: float, a_dtype: torch.dtype = a.dtype, it: int = it, location: str | None = location,
+                          ctx: Context = ctx) -> None:
                     if v > 0:
                         self.scaled_overflow.add(it)
                         ctx.ledger.add(

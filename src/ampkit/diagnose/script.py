@@ -39,7 +39,7 @@ from ampkit.diagnose.observers_base import CodeFilter, PatchSet
 from ampkit.diagnose.observers_model import Capture
 from ampkit.diagnose.observers_rules import finalize
 from ampkit.diagnose.script_errors import explain_exception
-from ampkit.diagnose.script_replay import replay_capture
+from ampkit.diagnose.script_replay import replay_capture, replay_precision
 
 __all__ = ["ScriptReport", "merge_findings", "run_script"]
 
@@ -132,6 +132,7 @@ class _Runner:
         self.replays: list[dict[str, Any]] = []
         self.explained: list[Finding] = []
         self._causes: dict[str, int] = {}
+        self._replayed_roots: list[torch.nn.Module] = []
         self._settled: set[str] = set()
 
     # -- replays -------------------------------------------------------------------------------
@@ -150,6 +151,7 @@ class _Runner:
         if result is None:
             return None
         self.diagnoses.append(result)
+        self._replayed_roots.append(cap.root)
         self.replays.append({"why": why, "step": step, "precision": result.precision,
                              "findings": [f.code for f in result.findings], "keep_fp32": result.keep_fp32})
         return result
@@ -157,10 +159,10 @@ class _Runner:
     def _on_failure(self, failure: Failure) -> None:
         """Replay the first failure of each cause.  Gradient overflows are replayed at their 1st, 4th
         and 16th occurrence until one is an error: early ones are usually ordinary dynamic scaling."""
-        caps = failure.captures
+        caps = [c for c in failure.captures if replay_precision(c, self.intended) is not None]
         seen = self._causes[failure.cause] = self._causes.get(failure.cause, 0) + 1
         if not caps or failure.cause in self._settled:
-            return
+            return  # nothing ran in low precision: not a mixed-precision failure
         if failure.cause == "gradient_overflow" and seen not in (1, 4, 16):
             return
         cap = self._pick(caps, failure)
@@ -269,7 +271,9 @@ class _Runner:
         finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed)
         if self.checkup and not any(d.has_errors for d in self.diagnoses) and self.ctx.models.last is not None:
             self._replay(self.ctx.models.last, "checkup", self.ctx.models.last.step)
-        replayed = [f for d in self.diagnoses for f in d.findings]
+        models = self.ctx.models
+        replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
+                    for d, root in zip(self.diagnoses, self._replayed_roots) for f in d.findings]
         findings = merge_findings(self.ctx.ledger.findings() + self.explained, replayed)
         return ScriptReport(
             script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
