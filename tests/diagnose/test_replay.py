@@ -122,6 +122,9 @@ def test_replay_ordinary_dynamic_scaling_is_reported_once() -> None:
     (f,) = mp.doctor.findings
     assert (f.code, f.severity) == ("BACKWARD_OVERFLOW", "info")
     assert f.evidence["loss_scale"] == 2.0**24
+    # Replayed from the gradient kept before `.float()`'s cast: the overflow at that cast is
+    # reproduced op by op and judged at scale 1, not guessed.
+    assert f.evidence["overflows_at_scale_1"] is False and f.op == "aten::_to_copy"
 
 
 def test_replay_scale_collapse_classifies_the_cause() -> None:

@@ -213,22 +213,30 @@ class ReplayDoctor(EngineHook):
                 self._out_nodes[t.grad_fn] = (call, i)
 
     def _hook_casts(self, root: Any, limit: int = 64) -> None:
-        """Pre-hook the cast nodes that consume a captured output (see the module docstring)."""
+        """Pre-hook the cast nodes that consume a captured output (see the module docstring).
+
+        The gradient arriving at a cast is the output's whole gradient only when that cast is
+        its sole consumer, so nothing is hooked unless the walk saw the entire loss-side graph.
+        """
         seen, queue = {root}, [root]
-        while queue and len(seen) <= limit:
+        consumers: dict[Any, list[Any]] = {}
+        while queue:
+            if len(seen) > limit:
+                return  # a large loss-side graph: keep the output's own gradient only
             node = queue.pop(0)
             for nxt, _ in node.next_functions:
                 if nxt is None:
                     continue
-                hit = self._out_nodes.get(nxt)
-                if hit is not None:
-                    if type(node).__name__ == "ToCopyBackward0":
-                        call, i = hit
-                        node.register_prehook(_WideKeeper(call.wide, i))
+                if nxt in self._out_nodes:
+                    consumers.setdefault(nxt, []).append(node)
                     continue  # never walk into the model's own graph
                 if nxt not in seen:
                     seen.add(nxt)
                     queue.append(nxt)
+        for out_node, nodes in consumers.items():
+            if len(nodes) == 1 and type(nodes[0]).__name__ == "ToCopyBackward0":
+                call, i = self._out_nodes[out_node]
+                nodes[0].register_prehook(_WideKeeper(call.wide, i))
 
     # -- deciding and replaying --------------------------------------------------------------------
     def _poll(self) -> None:
