@@ -158,3 +158,13 @@ def test_replay_with_gradient_accumulation_finds_the_bad_micro_batch() -> None:
     (f,) = mp.doctor.findings
     assert f.code == "NONFINITE_INPUT" and f.step == 2
     assert mp.doctor.results[-1] is not None and len(mp.doctor.results) == 2  # micro-batch 1 replayed clean
+
+
+def test_replay_keep_last_false_holds_nothing_between_healthy_steps() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.doctor.keep_last = False
+    mp.prepare(model)
+    _train(model, mp, _batches(3), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert mp.doctor._last is None and mp.doctor._calls == []
+    assert mp.doctor.replay("manual") == []

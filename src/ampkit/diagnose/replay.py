@@ -33,6 +33,12 @@ replayed again.  At most ``max_replays`` automatic replays run per engine.  ``re
 replays the last completed step on demand (telemetry alarms call it with
 ``reason="SCALE_COLLAPSE"``, which adds a SCALE_COLLAPSE finding with the cause classified).
 
+Memory: the capture of the last completed step stays referenced until the next step
+completes — its model inputs (alive anyway for most loaders) and the gradient of the model's
+outputs (for a language model, batch × sequence × vocabulary floats), so ``replay()`` can run
+on demand.  ``keep_last=False`` drops a healthy step's capture at its boundary instead (then
+``replay()`` only has a step that failed).
+
 Replay timing: when the failing step was skipped, its parameters are still those the step
 ran with when the doctor learns of the failure on the CPU (it decides in ``after_step``);
 on an accelerator the decision can arrive one step later, and the replay then runs with the
@@ -98,11 +104,13 @@ class ReplayDoctor(EngineHook):
         engine: the ``MixedPrecision`` engine (it constructs the doctor with ``doctor=True``).
         max_replays: automatic replays per engine (explicit ``replay()`` calls are not counted).
         shadow, bisect: passed to the diagnosis (FP32 shadow comparison, keep-fp32 bisection).
+        keep_last: keep the last healthy step's capture for ``replay()`` (see "Memory" above).
     """
 
     def __init__(self, engine: MixedPrecision, *, max_replays: int = 3, shadow: bool = True,
-                 bisect: bool = True) -> None:
+                 bisect: bool = True, keep_last: bool = True) -> None:
         self.engine = engine
+        self.keep_last = keep_last
         self.max_replays = max_replays
         self.shadow = shadow
         self.bisect = bisect
@@ -252,6 +260,8 @@ class ReplayDoctor(EngineHook):
         skipped = bool(flags[0]) if cap.has_found_inf else False
         loss_bad = bool(flags[-1]) if cap.losses else False
         if not (skipped or loss_bad):
+            if not self.keep_last and self._last is cap:
+                self._last = None
             return
         if not loss_bad and self._scaling_ok:
             return  # another overflow of ordinary dynamic loss scaling, already explained
