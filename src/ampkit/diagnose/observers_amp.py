@@ -207,6 +207,8 @@ class OptimWatch:
         ctx = self.ctx
         if ctx.loss_nonfinite and ctx.iteration in ctx.loss_nonfinite:
             return  # already handled as a non-finite loss
+        if not any(c.low_precision is not None for c in ctx.models.captures):
+            return  # an fp32 step: its gradients are no mixed-precision matter
         grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return
@@ -265,12 +267,13 @@ class OptimWatch:
             return
         found, it = info.last_found
         info.last_found = None  # one scheduler step per optimizer step is judged
-        location = self.ctx.code.caller()
+        # On CPU the value is read at once, so the stack walk can wait until a skip is seen.
+        early = None if found.device.type == "cpu" else self.ctx.code.caller()
 
         def judge(v: float) -> None:
             if v > 0:
                 self.sched_on_skip.append(it)
-                self.ctx.note_location("scheduler_step", location)
+                self.ctx.note_location("scheduler_step", early or self.ctx.code.caller())
         self.ctx.pending.read(found, judge)
 
     # -- clipping ---------------------------------------------------------------------------------
@@ -317,7 +320,6 @@ class BackwardWatch:
         low = {c.low_precision for c in window} - {None}
         loss = scaled.loss if scaled is not None else flat[0]
         ctx.models.on_backward(flat, loss, scaled.scale if scaled is not None and scaled.enabled else None)
-        location = ctx.code.caller()
         if torch.float16 in low and (scaled is None or not scaled.enabled):
             self.fp16_unscaled.append(ctx.iteration)
             ctx.ledger.add(
@@ -331,9 +333,10 @@ class BackwardWatch:
                     "`scaler.step(optimizer)`, `scaler.update()` (or use ampkit.MixedPrecision('fp16')), "
                     "or train in bf16, which needs no scaling"
                 ),
-                location=location, step=ctx.iteration,
+                location=ctx.code.caller(), step=ctx.iteration,
             )
         if loss.numel() == 1 and loss.dtype in _LOW:
+            location = ctx.code.caller()
             ctx.ledger.add(
                 "LOSS_IN_LOW_PRECISION", key=location,
                 message=(

@@ -46,6 +46,9 @@ class Capture:
     rng_cpu: torch.Tensor
     rng_device: torch.Tensor | None = None
     outputs: list[torch.Tensor] = field(default_factory=list)
+    """The floating outputs that require grad, detached (holding them keeps no graph alive)."""
+    grad_fns: list[Any] = field(default_factory=list)
+    """Their autograd nodes, kept only until their backward (or the model's next forward)."""
     grads: list[torch.Tensor | None] = field(default_factory=list)
     """Gradient flowing into each output during the user's backward (as autograd delivered it)."""
     grads_fp32: list[torch.Tensor | None] = field(default_factory=list)
@@ -291,12 +294,16 @@ class ModelWatch:
         for x in leaves:
             if isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point():
                 i = len(cap.outputs)
-                cap.outputs.append(x)
+                cap.outputs.append(x.detach())
+                cap.grad_fns.append(x.grad_fn)
                 cap.grads.append(None)
                 cap.grads_fp32.append(None)
                 if x.numel() <= budget:
                     budget -= x.numel()
                     x.register_hook(_GradSink(cap, i))
+        for old in self.captures:
+            if old.root is module:
+                old.grad_fns = []  # a new micro-batch: do not pin the previous forward's graph
         if len(self.captures) >= self.max_captures:
             self.captures.pop(0)
         self.captures.append(cap)
@@ -315,9 +322,10 @@ class ModelWatch:
             c.scale = scale
         targets: dict[Any, tuple[Capture, int]] = {}
         for c in fresh:
-            for i, o in enumerate(c.outputs):
-                if o.grad_fn is not None:
-                    targets[o.grad_fn] = (c, i)
+            for i, fn in enumerate(c.grad_fns):
+                if fn is not None:
+                    targets[fn] = (c, i)
+            c.grad_fns = []
         if targets:
             _hook_casts([t.grad_fn for t in tensors if t.grad_fn is not None], targets)
 

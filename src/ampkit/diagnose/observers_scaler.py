@@ -289,8 +289,8 @@ class ScalerWatch:
         def update(sc: Any, new_scale: Any = None) -> Any:
             ctx = self.ctx
             info = self.info(sc)
-            location = ctx.code.caller()
             if sc._enabled and new_scale is None and not info.stepped_since_update and info.unscaled_since_update:
+                location = ctx.code.caller()
                 ctx.ledger.add(
                     "ACCUMULATION_SCALE_CHANGE", key=location,
                     message=(
@@ -307,7 +307,7 @@ class ScalerWatch:
             try:
                 out = orig(sc, new_scale)
             except (RuntimeError, AssertionError) as exc:
-                self._explain_order(exc, location)
+                self._explain_order(exc, ctx.code.caller())
                 raise
             if sc._enabled:
                 it = ctx.iteration

@@ -274,7 +274,8 @@ class _Runner:
         models = self.ctx.models
         replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
                     for d, root in zip(self.diagnoses, self._replayed_roots) for f in d.findings]
-        findings = merge_findings(self.ctx.ledger.findings() + self.explained, replayed)
+        findings = _with_verified_fix(merge_findings(self.ctx.ledger.findings() + self.explained, replayed),
+                                      self.diagnoses)
         return ScriptReport(
             script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
             diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.iteration, replays=self.replays,
@@ -297,6 +298,17 @@ class _Runner:
                 self._replay(last, "exception", self.ctx.iteration)
         else:
             _print_user_traceback(exc, self.code)
+
+
+def _with_verified_fix(findings: list[Finding], diagnoses: list[DiagnosisResult]) -> list[Finding]:
+    """Point SCALE_COLLAPSE at the verified keep-fp32 set when a replay found one."""
+    keep = next((d.keep_fp32 for d in diagnoses if d.keep_fp32), None)
+    if keep is None:
+        return findings
+    return [dataclasses.replace(f, fix=f"{f.fix}. Verified on the replayed step: "
+                                       f"MixedPrecision(..., keep_fp32={keep!r}) makes it finite",
+                                evidence={**f.evidence, "keep_fp32": keep})
+            if f.code == "SCALE_COLLAPSE" else f for f in findings]
 
 
 def _raised_inside(tb: types.TracebackType | None, root: Any) -> bool:
