@@ -206,3 +206,42 @@ def test_doctor_observers_count_skips_and_classify_the_cause() -> None:
     assert collapse and collapse[0].evidence["cause"] == "nonfinite_data"
     assert collapse[0].evidence["min_scale"] == 2.0**16 / 2**18
     assert any(f.code == "NONFINITE_INPUT" and f.evidence["samples"] == [0] for f in ctx.ledger.findings())
+
+
+def test_doctor_observers_resume_without_scaler_state_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+
+    def resume() -> None:
+        state = torch.load(path, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        scaler = torch.amp.GradScaler("cpu")
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.ones(1, 2)).float().sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    [finding] = [f for f in _observe(resume).ledger.findings() if f.code == "CHECKPOINT_MISSING_SCALER"]
+    assert "no GradScaler state" in finding.message
+    assert finding.location is not None and finding.location.endswith(f":{resume.__code__.co_firstlineno + 1}")
+
+
+def test_doctor_observers_see_the_deprecated_autocast_classes() -> None:
+    def loop() -> None:
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.warns(FutureWarning):
+            region = torch.cpu.amp.autocast(dtype=torch.bfloat16)
+        with region:
+            for _ in range(2):   # the optimizer steps inside the region: stale cached weights
+                model(torch.randn(3, 4)).float().sum().backward()
+                opt.step()
+                opt.zero_grad()
+
+    ctx = _observe(loop)
+    assert ctx.forwards.autocast[torch.bfloat16] == 2
+    assert [f.code for f in ctx.ledger.findings()] == ["STALE_WEIGHT_CACHE"]

@@ -61,6 +61,8 @@ class ScriptReport:
     replays: list[dict[str, Any]] = field(default_factory=list)
     device: str | None = None
     """The device the observed models ran on."""
+    scalers: list[dict[str, Any]] = field(default_factory=list)
+    """Per enabled GradScaler: where it was created, its scale trajectory summary, skipped steps."""
 
     @property
     def has_errors(self) -> bool:
@@ -71,7 +73,7 @@ class ScriptReport:
 
         env = collect_environment(self.device)
         env.update({"script": self.script, "argv": self.argv, "exit_status": self.exit_status, "steps": self.steps,
-                    "replays": self.replays})
+                    "replays": self.replays, "scalers": self.scalers})
         return env
 
     def result(self) -> DiagnosisResult:
@@ -280,7 +282,17 @@ class _Runner:
             script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
             diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.iteration, replays=self.replays,
             device=str(self.ctx.models.last.device) if self.ctx.models.last is not None else None,
+            scalers=self._scaler_summary(),
         )
+
+    def _scaler_summary(self) -> list[dict[str, Any]]:
+        out = []
+        for info in self.ctx.scalers.enabled_infos():
+            scales = [s for _, s in info.scales]
+            out.append({"created_at": info.location, "init_scale": info.init_scale, "updates": len(scales),
+                        "final_scale": scales[-1] if scales else None, "min_scale": min(scales) if scales else None,
+                        "skipped_steps": sorted(self.ctx.skips)[:64], "skipped": len(self.ctx.skips)})
+        return out
 
     def _explain(self, exc: BaseException) -> None:
         names = self.ctx.models.named_modules()
