@@ -167,6 +167,25 @@ def _mutated_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return out
 
 
+def _min_max(t: torch.Tensor) -> torch.Tensor:
+    """[min, max] of ``t`` as float32 on its device (one pass); zeros when it cannot be reduced.
+
+    ``aminmax`` is exact in the tensor's own dtype and propagates NaN.  Layouts and dtypes it
+    does not support (sparse, fp8 on some backends) are reduced through their values or an fp32
+    copy; a tensor that still cannot be reduced counts as finite rather than breaking the op.
+    """
+    x = t.detach()
+    if x.layout != torch.strided:
+        x = x.coalesce()._values() if x.is_sparse else x.to_dense()
+    for widen in (False, True):
+        try:
+            mn, mx = torch.aminmax(x.float() if widen else x)
+            return torch.stack([mn, mx]).to(torch.float32)
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+    return torch.zeros(2, dtype=torch.float32, device=t.device)
+
+
 class OpTracer(TorchDispatchMode):
     """Record every aten op of a forward + backward (see the module docstring).
 
@@ -203,8 +222,7 @@ class OpTracer(TorchDispatchMode):
         if t.numel() == 0 or info.kind == "uninit":
             v = torch.zeros(2, dtype=torch.float32, device=t.device)
         else:
-            mn, mx = torch.aminmax(t.detach())
-            v = torch.stack([mn, mx]).to(torch.float32)
+            v = _min_max(t)
         self._pending_vals.append(v)
         return len(self.slots) - 1
 
