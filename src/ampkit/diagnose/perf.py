@@ -3,7 +3,9 @@
 ``ampkit._speed.matmul_tflops`` times a square matmul per dtype, interleaved (each round
 times every dtype back to back), median of the rounds.  A CPU without fp16 units emulates
 fp16 matmuls and runs them tens of times slower than fp32; the finding names the measured
-ratio and the fastest format of the device.
+ratio and the fastest format of the device.  The matmul is 512×512: small enough to take about
+a second, large enough that thread start-up and contention from other processes do not
+decide the ratio (at 128–256 they can invert it on a busy machine).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ SLOW_RATIO = 0.9
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def low_precision_speed(precision: str | Precision, device: str | torch.device | None = None, *, n: int = 256,
+def low_precision_speed(precision: str | Precision, device: str | torch.device | None = None, *, n: int = 512,
                         rounds: int = 3, slow_ratio: float = SLOW_RATIO) -> Finding | None:
     """A SLOW_LOW_PRECISION warning when ``precision`` is measurably slower than fp32, else None.
 
