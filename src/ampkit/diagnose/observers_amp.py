@@ -63,7 +63,11 @@ class AutocastWatch:
         code = self.ctx.code
 
         def __init__(ac: Any, *args: Any, **kwargs: Any) -> None:
-            code.call(orig, ac, *args, **kwargs)
+            device = kwargs.get("device_type", args[0] if args else None)
+            if device == "cuda" and not torch.cuda.is_available():
+                code.call(orig, ac, *args, **kwargs)  # torch warns: keep the warning on the user's line
+            else:
+                orig(ac, *args, **kwargs)
             if self.ctx.paused:
                 return
             requested = kwargs.get("enabled", args[2] if len(args) > 2 else True)
@@ -147,6 +151,7 @@ class OptimWatch:
         self.scheduler_steps = 0
         self._sched_depth = 0
         self.sched_on_skip: list[int] = []
+        self._param_ids: dict[int, tuple[int, set[int]]] = {}
 
     def install(self, patches: PatchSet) -> None:
         patches.wrap(torch.optim.Optimizer, "__init__", self._wrap_opt_init)
@@ -181,8 +186,17 @@ class OptimWatch:
         return self.primary() is opt
 
     def owners(self, params: list[torch.Tensor]) -> list[torch.optim.Optimizer]:
+        """The optimizers holding any of ``params`` (parameter-id sets cached per optimizer)."""
         ids = {id(p) for p in params}
-        return [o for o in list(self.optimizers) if any(id(p) in ids for g in o.param_groups for p in g["params"])]
+        out = []
+        for opt in list(self.optimizers):
+            count = sum(len(g["params"]) for g in opt.param_groups)
+            cached = self._param_ids.get(id(opt))
+            if cached is None or cached[0] != count:
+                cached = self._param_ids[id(opt)] = (count, {id(p) for g in opt.param_groups for p in g["params"]})
+            if not ids.isdisjoint(cached[1]):
+                out.append(opt)
+        return out
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         ctx = self.ctx
@@ -252,7 +266,9 @@ class OptimWatch:
         def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
             self._sched_depth += 1
             try:
-                return self.ctx.code.call(orig, sched, *args, **kwargs)
+                if getattr(sched, "_step_count", 0) <= 1:  # torch's order warnings fire on the first step only
+                    return self.ctx.code.call(orig, sched, *args, **kwargs)
+                return orig(sched, *args, **kwargs)
             finally:
                 self._sched_depth -= 1
                 if self._sched_depth == 0 and getattr(sched, "_step_count", 1) > 1:
@@ -294,6 +310,7 @@ class BackwardWatch:
         self.since_update = 0
         self.fp16_unscaled: list[int] = []
         self._pending_loss: torch.Tensor | None = None
+        self._scaled_now = False
 
     def install(self, patches: PatchSet) -> None:
         patches.wrap(torch.autograd, "backward", self._wrap_backward)
@@ -319,6 +336,7 @@ class BackwardWatch:
         window = [c for c in ctx.models.captures if c.loss is None]
         low = {c.low_precision for c in window} - {None}
         loss = scaled.loss if scaled is not None else flat[0]
+        self._scaled_now = scaled is not None and scaled.enabled and scaled.kind == "torch"
         ctx.models.on_backward(flat, loss, scaled.scale if scaled is not None and scaled.enabled else None)
         if torch.float16 in low and (scaled is None or not scaled.enabled):
             self.fp16_unscaled.append(ctx.iteration)
@@ -355,6 +373,8 @@ class BackwardWatch:
         ctx = self.ctx
         loss = self._pending_loss if self._pending_loss is not None else flat[0]
         self._pending_loss = None
+        if self._scaled_now:
+            return  # a GradScaler guards this step: a skip triggers the diagnosis (and reads the loss then)
         it = ctx.iteration
         bad = (~torch.isfinite(loss.detach())).any()
         ctx.pending.read(bad, lambda v: ctx.on_loss(it, v > 0))

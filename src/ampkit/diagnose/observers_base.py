@@ -111,6 +111,7 @@ class CodeFilter:
         self._libs = _library_dirs()
         self._cache: dict[str, bool] = {}
         self._reissued: set[tuple[Any, ...]] = set()
+        self._shown: dict[str, str] = {}
 
     def is_user(self, filename: str) -> bool:
         known = self._cache.get(filename)
@@ -123,11 +124,14 @@ class CodeFilter:
         return known
 
     def format(self, filename: str, lineno: int) -> str:
-        try:
-            rel = os.path.relpath(filename)
-        except ValueError:  # another drive on Windows
-            rel = filename
-        return f"{rel if not rel.startswith('..') else filename}:{lineno}"
+        shown = self._shown.get(filename)
+        if shown is None:  # relpath is slow: once per file
+            try:
+                rel = os.path.relpath(filename)
+            except ValueError:  # another drive on Windows
+                rel = filename
+            shown = self._shown[filename] = filename if rel.startswith("..") else rel
+        return f"{shown}:{lineno}"
 
     def caller(self, skip: int = 1) -> str | None:
         """The innermost user ``file:line`` on the current stack (``skip`` frames above this one)."""

@@ -7,9 +7,11 @@ observers (``ampkit.diagnose.observers``) wrap autocast, GradScaler, backward, o
 schedulers, gradient clipping and ``torch.save``/``torch.load``, and hook the models the script
 calls; afterwards everything is restored, also when the script crashed.
 
-During the run, a step that the GradScaler skips or whose loss is non-finite is replayed
-op by op (``script_replay``) right away, while the model still holds that step's weights: one
-replay per distinct cause.  When nothing failed, one *checkup* replays the last captured step
+During the run, a step that the GradScaler skips, or whose loss or gradients are non-finite,
+is replayed op by op (``script_replay``) right away, while the model still holds that step's
+weights: the first failure of each cause (gradient overflows, usually ordinary dynamic
+scaling, at their 1st, 4th and 16th occurrence until one is an error), at most
+``max_replays``.  When no replay found an error, one *checkup* replays the last captured step
 with the FP32 shadow (precision loss, gradient underflow).  A known exception is explained
 with the user's line; when it was raised inside a model's forward, that forward is replayed
 to name the op.
@@ -139,7 +141,7 @@ class _Runner:
 
     # -- replays -------------------------------------------------------------------------------
     def _replay(self, cap: Capture, why: str, step: int | None) -> DiagnosisResult | None:
-        if not self.replay or len(self.diagnoses) >= self.max_replays:
+        if not self.replay or (len(self.diagnoses) >= self.max_replays and why != "checkup"):
             return None
         with self.ctx.pause():
             try:
