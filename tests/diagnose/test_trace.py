@@ -140,6 +140,7 @@ def test_trace_dtype_mismatch_names_module_and_op() -> None:
     assert f.code == "DTYPE_MISMATCH"
     assert f.module == "" and f.op == "aten::mm"
     assert sorted(f.evidence["input_dtypes"]) == ["float16", "float32"]
+    assert "Half" in result.comparison["shadow_unavailable"]  # the explicit .half() breaks the fp32 copy too
     assert f.location is not None and f.location.endswith(f":{_line_of_mixed()}")
 
 

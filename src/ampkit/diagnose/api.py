@@ -177,6 +177,7 @@ class _Diagnosis:
         self._broken_running: list[str] = []
         self._overflowed = False
         self._sqnr_targets: list[str] = []
+        self._shadow_error: str | None = None
 
     # -- orchestration -------------------------------------------------------------------------
     def run(self, *, shadow: bool, bisect: bool) -> DiagnosisResult:
@@ -184,7 +185,9 @@ class _Diagnosis:
         if shadow:
             self.ref = s.run(s.shadow_model(), mode="fp32", fp32=True, keep_outputs=True, trace=True)
             if self.ref.exception is not None:
-                self.ref = None  # the fp32 copy cannot run the step (explicit casts in user code): no shadow
+                # The fp32 copy cannot run the step (explicit casts in user code): no shadow comparison.
+                self._shadow_error = f"{type(self.ref.exception).__name__}: {self.ref.exception}"[:300]
+                self.ref = None
         lp = s.run(s.work, mode="scaled", trace=True, stats=self.ref is None,
                    reference=self.ref.recorder.outputs if self.ref else None)
         self._broken_running = self._find_broken_running()
@@ -211,6 +214,8 @@ class _Diagnosis:
                     fixable.extend(f for f in prec if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation")
             if bisect and fixable:
                 self._bisect(result, lp, fixable, out_sqnr)
+        if self._shadow_error is not None:
+            result.comparison["shadow_unavailable"] = self._shadow_error
         result.module_headroom, result.grad_headroom = self._headroom(lp)
         result.findings = sort_findings(self.findings)
         return result
