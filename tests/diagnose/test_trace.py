@@ -206,3 +206,20 @@ def test_trace_headroom_counts_intermediates_inside_a_module() -> None:
     assert room["blocks.1"]["fp16"][0] == room["blocks.1.norm"]["fp16"][0]  # the block contains the peak
     assert room["blocks.1.norm"]["bf16"][0] > 100
     assert set(result.grad_headroom["blocks.1.fc"]) == {"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"}
+
+
+def test_trace_constant_that_does_not_fit_fp16_is_cast_overflow() -> None:
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scores = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = torch.triu(torch.ones(4, 4, dtype=torch.bool), diagonal=1)
+            return self.scores(x).masked_fill(mask, -1e9)  # LINE: fp32-constant
+
+    result = diagnose_step(Masked(), dm.fp16_run(torch.randn(4, 4)), precision="fp16")
+    (f,) = result.findings
+    assert (f.code, f.module, f.op) == ("CAST_OVERFLOW", "", "aten::masked_fill")
+    assert f.location is not None and f.location.endswith(f":{dm.line_of(__file__, 'fp32-constant')}")
+    assert "finfo" in f.fix
