@@ -216,6 +216,7 @@ def test_doctor_script_json_and_html_escape_what_the_user_controls(tmp_path: Pat
         (["doctor", "--precision", "fp12", "x.py"], "--precision 'fp12' is not known"),
         (["doctor", "--json", "missing_dir/r.json", "x.py"], "does not exist"),
         (["doctor", "no_such_task_for_doctor", "--lr", "3"], "takes no arguments"),
+        (["doctor"], "give a training script"),
     ],
 )
 def test_doctor_cli_usage_errors_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

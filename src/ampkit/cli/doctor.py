@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "doctor",
         help="run a training script (or a task) and name the op and module where fp16/bf16 breaks",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", metavar="FILE", help="write the findings as ampkit.doctor/1 JSON to FILE")
@@ -46,8 +46,8 @@ def register(subparsers: Any) -> None:
                    help="SCRIPT: observe only; do not replay failing steps op by op")
     p.add_argument("--no-checkup", action="store_true",
                    help="SCRIPT: when no step failed, skip the op-level checkup of the last step")
-    p.add_argument("target", metavar="SCRIPT|TASK", help="training script, module (-m) or task reference")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.add_argument("target", metavar="SCRIPT|TASK", nargs="?", help="training script, module (-m) or task reference")
+    p.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(run=run)
 
 
@@ -94,6 +94,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.target:
+        raise UsageError("give a training script (ampkit doctor train.py ARGS...), -m MODULE, or a task name")
     _check_precision(args.precision)
     _check_outputs(args)
     if is_script(args.target, args.as_module):
