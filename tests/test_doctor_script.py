@@ -7,6 +7,7 @@ import json
 import runpy
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ def _torch_surface() -> dict[str, Any]:
 
     surface["module hooks"] = (len(mod._global_forward_hooks), len(mod._global_forward_pre_hooks))
     surface["optimizer hooks"] = (len(opt_mod._global_optimizer_pre_hooks), len(opt_mod._global_optimizer_post_hooks))
+    surface["warning filters"] = list(warnings.filters)
     return surface
 
 
@@ -268,3 +270,26 @@ def test_doctor_script_names_roots_by_the_scripts_variables(tmp_path: Path) -> N
 def test_doctor_script_missing_file_raises() -> None:
     with pytest.raises(FileNotFoundError, match="no such script"):
         run_script("definitely/not/here.py")
+
+
+def test_doctor_script_observes_a_compiled_model(tmp_path: Path) -> None:
+    script = _write(tmp_path / "compiled.py", """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        compiled = torch.compile(model, backend="eager")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(compiled(torch.randn(4, 8)), torch.randint(0, 2, (4,)))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    """)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = run_script(script, measure_speed=False)
+    assert report.exit_status == 0 and report.steps == 3 and not report.has_errors
+    assert [r["why"] for r in report.replays] == ["checkup"] and "error" not in report.replays[0]
+    assert not [w for w in caught if "global hooks" in str(w.message)]

@@ -14,9 +14,11 @@ checked, and deferred device reads are flushed.  The other iterations pay only f
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,6 +29,8 @@ from ampkit.diagnose.observers_model import Capture, ModelWatch
 from ampkit.diagnose.observers_scaler import ScalerWatch
 
 __all__ = ["Context", "Failure", "Sampler"]
+
+_COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
 class Sampler:
@@ -127,6 +131,10 @@ class Context:
             watch.install(patches)
         self.models.set_discovery(True)
         patches.handle(_Remover(self.models.remove))
+        # torch.compile warns about global module hooks; the doctor's are no-ops inside compiled code.
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING)
+        entry = warnings.filters[0]
+        patches.handle(_Remover(lambda: _drop_filter(entry)))
 
     def note_location(self, what: str, location: str | None) -> None:
         self.locations.setdefault(what, location)
@@ -262,3 +270,10 @@ class Context:
 class _Remover:
     def __init__(self, fn: Callable[[], None]) -> None:
         self.remove = fn
+
+
+def _drop_filter(entry: Any) -> None:
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]
+    if entry in filters:
+        filters.remove(entry)
+        warnings._filters_mutated()  # type: ignore[attr-defined]

@@ -199,6 +199,8 @@ class OptimWatch:
         return out
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return  # a compiled optimizer step traces the hooks: observe nothing there
         ctx = self.ctx
         info = self.info(opt)
         if not ctx.scalers.in_step:
@@ -232,6 +234,8 @@ class OptimWatch:
         ctx.pending.read(bad, lambda v: ctx.on_grads(it, v > 0), now=ctx.sampler.dense(it))
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         info = self.info(opt)
         info.steps += 1
         if not self.ctx.scalers.in_step and self.is_primary(opt):

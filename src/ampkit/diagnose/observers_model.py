@@ -203,7 +203,9 @@ class ModelWatch:
 
     # -- hooks -----------------------------------------------------------------------------
     def _global_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        if self.paused or id(module) in self.roots:
+        # Inside a torch.compile region the hooks are traced, not run: they must be no-ops there
+        # (the compiled module's own call, which runs eagerly, is the one observed).
+        if torch.compiler.is_compiling() or self.paused or id(module) in self.roots:
             return  # its own hooks run
         if not self._stack:
             if next(module.parameters(), None) is None:
@@ -215,7 +217,7 @@ class ModelWatch:
 
     def _global_post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
         # (kwargs, out) normally; torch passes only (out) when the forward raised.
-        if self.paused or id(module) in self.roots:
+        if torch.compiler.is_compiling() or self.paused or id(module) in self.roots:
             return
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
@@ -255,7 +257,7 @@ class ModelWatch:
             root.running = _running_stats(root.model)
 
     def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        if self.paused:
+        if torch.compiler.is_compiling() or self.paused:
             return
         if self._stack:
             self._stack.append(module)
@@ -280,7 +282,7 @@ class ModelWatch:
         self._pending = cap
 
     def _root_post(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        if self.paused or not self._stack or self._stack[-1] is not module:
+        if torch.compiler.is_compiling() or self.paused or not self._stack or self._stack[-1] is not module:
             return
         self._stack.pop()
         if self._stack:
