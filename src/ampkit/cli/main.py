@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 # Each entry is a module under ampkit.cli exposing register(subparsers) and run(args) -> int.
-SUBCOMMANDS: tuple[str, ...] = ("lint",)
+SUBCOMMANDS: tuple[str, ...] = ("doctor", "lint")
 
 
 class UsageError(Exception):
