@@ -409,12 +409,15 @@ class _Diagnosis:
             return
         result.keep_fp32 = outcome.keep_fp32
         verified = outcome.verification or {}
+        outcomes = []
+        if verified.get("loss") is not None:  # replays that start from the output gradient have no loss
+            fp32 = f" (fp32: {result.loss_fp32})" if result.loss_fp32 is not None else ""
+            outcomes.append(f"loss {verified['loss']}{fp32}")
+        if isinstance(verified.get("output_sqnr_db"), float):
+            outcomes.append(f"output SQNR {verified['output_sqnr_db']:.1f} dB")
+        outcomes.append("finite gradients")
         text = (f"Verified fix: MixedPrecision(..., keep_fp32={outcome.keep_fp32!r}) — re-running this step with "
-                f"it gives loss {verified.get('loss')}" + (f" (fp32: {result.loss_fp32})" if result.loss_fp32 is not None
-                                                           else "")
-                + (f", output SQNR {verified['output_sqnr_db']:.1f} dB" if isinstance(verified.get('output_sqnr_db'),
-                                                                                       float) else "")
-                + " and finite gradients.")
+                f"it gives {', '.join(outcomes[:-1])}{' and ' if len(outcomes) > 1 else ''}{outcomes[-1]}.")
         ids = {id(f) for f in fixable}
         self.findings = [dataclasses.replace(f, fix=f"{text}{_alternative(f.fix)}",
                                              evidence={**f.evidence, "verified_fix": verified})
