@@ -19,8 +19,8 @@ from ampkit.telemetry import (
     ProgressSink,
     ScaleCollapseAlarm,
     SkipRateAlarm,
-    TensorBoardSink,
     Telemetry,
+    TensorBoardSink,
     TrainingStopped,
 )
 

@@ -108,7 +108,7 @@ def test_telemetry_alarm_scale_collapse_below_min_scale_fires_at_once() -> None:
     tel = Telemetry(flush_every=1, alarms=[ScaleCollapseAlarm(consecutive_backoffs=100, min_scale=2.0**16,
                                                               action="stop")])
     mp, opt = _engine("fp16", model, tel)
-    x, y = _dataset()
+    x, _ = _dataset()
     with pytest.raises(TrainingStopped) as info:
         for _ in range(5):
             with mp.autocast():

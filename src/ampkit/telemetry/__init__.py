@@ -30,7 +30,14 @@ from ampkit.telemetry.alarms import (
     default_alarms,
 )
 from ampkit.telemetry.core import Telemetry
-from ampkit.telemetry.sinks import CallbackSink, JsonlSink, ProgressSink, Sink, SinkFailedWarning, TensorBoardSink
+from ampkit.telemetry.sinks import (
+    CallbackSink,
+    JsonlSink,
+    ProgressSink,
+    Sink,
+    SinkFailedWarning,
+    TensorBoardSink,
+)
 
 if TYPE_CHECKING:
     from ampkit.engine import MixedPrecision
@@ -49,8 +56,8 @@ __all__ = [
     "Sink",
     "SinkFailedWarning",
     "SkipRateAlarm",
-    "TensorBoardSink",
     "Telemetry",
+    "TensorBoardSink",
     "TrainingStopped",
     "default_alarms",
     "make_telemetry",

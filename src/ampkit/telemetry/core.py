@@ -18,6 +18,7 @@ actions run.  Between flushes nothing reaches the host, so alarms react up to
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Sequence
@@ -260,10 +261,8 @@ class Telemetry(EngineHook):
                 "rest of the run and training continues (the other sinks still record)",
                 SinkFailedWarning, stacklevel=2,
             )
-            try:
+            with contextlib.suppress(Exception):  # it already failed; the warning above says so
                 sink.close()
-            except Exception:  # noqa: S110 - it already failed; the warning above says so
-                pass
             return False
 
     def _act(self, events: list[AlarmEvent]) -> None:
@@ -298,7 +297,7 @@ class Telemetry(EngineHook):
         finally:
             self._closed = True
             for sink in list(self.sinks):
-                self._guard(sink, "close", lambda _: sink.close(), None)
+                self._guard(sink, "close", _close, sink)
             for handle in self._watched.values():
                 handle.remove()
             self._watched.clear()
@@ -347,6 +346,10 @@ def _record(meta: _StepMeta, v: list[float], rank: int, modules: list[list[float
     return rec
 
 
+def _close(sink: Sink) -> None:
+    sink.close()
+
+
 def _rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return int(torch.distributed.get_rank())
@@ -364,7 +367,7 @@ def _as_sink(obj: Any) -> Sink:
 
 def _floating_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """Floating tensors among the positional and keyword inputs, one container level deep."""
-    found = []
+    found: list[torch.Tensor] = []
     for obj in (*args, *kwargs.values()):
         items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else (obj,)
         found.extend(t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel())
