@@ -101,6 +101,8 @@ class Telemetry(EngineHook):
         self.flush_every = flush_every
         self.module_absmax_every = module_absmax_every
         self.watch_inputs = watch_inputs
+        if isinstance(sinks, Sink) or callable(sinks):
+            sinks = [sinks]
         self.sinks: list[Sink] = [_as_sink(s) for s in sinks]
         alarm_list = default_alarms() if alarms is None else list(alarms)
         for a in alarm_list:
