@@ -29,7 +29,7 @@ def _grads_with_specials(dtype: torch.dtype) -> list[torch.Tensor]:
     return grads
 
 
-@pytest.mark.parametrize("workspace", [1, 5, 64, 1 << 18])
+@pytest.mark.parametrize("workspace", [1, 5, 30, 64, 1 << 18])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_telemetry_metrics_counts_are_exact_across_chunks(workspace: int, dtype: torch.dtype) -> None:
     grads = _grads_with_specials(dtype)
@@ -50,8 +50,8 @@ def test_telemetry_metrics_counts_mixed_dtypes_and_nothing() -> None:
 
 
 def test_telemetry_metrics_chunk_plan_covers_every_element_once() -> None:
-    numels = [5, 1, 17, 0, 4]
-    for cap in (1, 3, 4, 100):
+    numels = [5, 1, 17, 0, 4, *([3] * 10)]
+    for cap in (1, 3, 4, 16, 100):
         plan = _plan_chunks(numels, cap)
         assert all(sum(b - a for _, a, b in chunk) <= cap for chunk in plan)
         covered = sorted((i, k) for chunk in plan for i, a, b in chunk for k in range(a, b))

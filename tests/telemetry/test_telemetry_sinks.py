@@ -156,13 +156,16 @@ def test_telemetry_sink_progress_shows_loss_scale_and_skips(tiny: torch.nn.Modul
     from rich.console import Console
 
     out = io.StringIO()
+    records: list[dict] = []
     sink = ProgressSink(total=4, console=Console(file=out, width=160, force_terminal=False))
-    tel = Telemetry(sinks=[sink], flush_every=2)
+    tel = Telemetry(sinks=[sink, records.append], flush_every=2)
     _train(tel, tiny, 4, precision="fp16", scaler=ampkit.DynamicLossScaler(init_scale=2.0**22))
     tel.close()
     text = out.getvalue()
-    assert "4/4" in text and "loss" in text and "scale 5.243e+05" in text
-    assert f"skipped {sink.skips}" in text and sink.skips >= 1
+    skips = sum(r["skipped"] for r in records)
+    assert skips >= 1 and sink.skips == skips
+    assert "4/4" in text and f"skipped {skips}" in text
+    assert f"loss {records[-1]['loss']:.4g}" in text and f"scale {records[-1]['scale']:.4g}" in text
 
 
 def test_telemetry_sink_callback_gets_copies_and_alarms(tiny: torch.nn.Module) -> None:
@@ -214,6 +217,13 @@ def test_telemetry_bound_to_one_engine_only() -> None:
         make_telemetry(tel, ampkit.MixedPrecision("bf16", device="cpu"))
     with pytest.raises(ValueError, match="flush_every=0"):
         Telemetry(flush_every=0)
+
+
+def test_telemetry_input_nonfinite_is_none_when_no_model_is_watched(tiny: torch.nn.Module) -> None:
+    records: list[dict] = []
+    tel = Telemetry(sinks=[records.append], flush_every=1, watch_inputs=False)
+    _train(tel, tiny, 1)
+    assert records[0]["input_nonfinite"] is None and len(tiny._forward_pre_hooks) == 0
 
 
 def test_telemetry_close_removes_the_input_hook_and_is_idempotent(tiny: torch.nn.Module) -> None:

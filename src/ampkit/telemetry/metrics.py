@@ -12,12 +12,12 @@ masks (``sum`` of a float32 mask is several times faster than ``count_nonzero`` 
 * ``g * 0`` is 0 where ``g`` is finite and NaN where it is inf/NaN, and NaN is the only value
   not equal to itself, so ``ne(g * 0, g * 0)`` marks the non-finite elements.
 
-The gradients are packed range by range into a reused flat workspace
-(``torch.cat(..., out=)``): one read of the gradients per step and seven kernels per chunk,
-whatever the number of parameters.  On CPU a chunk is 256 Ki elements, small enough for the
-workspace and its mask to stay in the L2 cache, so the passes after the copy do not touch
-DRAM; on accelerators it is 8 Mi elements (a float32 mask sums exactly below 2**24), so a
-step is a few kernels.  ``torch._foreach_norm(g, 0)`` would count non-zeros in one call but
+Large gradients are read in place, range by range; small ones are first packed into a
+reused flat workspace (``torch.cat(..., out=)``) so that a model with many small parameters
+(biases, norms) still costs a handful of kernels.  Each chunk is six kernels.  On CPU a chunk
+is 256 Ki elements, small enough for the mask and the workspace to stay in the L2 cache, so
+the gradients are read from memory once; on accelerators it is 8 Mi elements (a float32
+mask sums exactly below 2**24), so a step is a few kernels.  ``torch._foreach_norm(g, 0)`` would count non-zeros in one call but
 takes a generic slow path (about 150 ms for 3 M elements on a CPU), and ``isfinite`` is not
 vectorised on CPU.
 
@@ -111,32 +111,46 @@ class GradCounter:
         for chunk in plan:
             n = sum(b - a for _, a, b in chunk)
             work, mask = ws[:n], self._mask[:n]
-            torch.cat([flats[i][a:b] for i, a, b in chunk], out=work)
-            zeros = torch.eq(work, 0, out=mask).sum()
-            work.mul_(0.0)  # finite -> 0, inf/NaN -> NaN
+            if len(chunk) == 1:  # a range of one tensor: read in place, no copy
+                i, a, b = chunk[0]
+                src = flats[i][a:b]
+            else:  # small tensors: one copy into the workspace, then a few kernels for all of them
+                src = torch.cat([flats[i][a:b] for i, a, b in chunk], out=work)
+            zeros = torch.eq(src, 0, out=mask).sum()
+            torch.mul(src, 0.0, out=work)  # finite -> 0, inf/NaN -> NaN
             nonfinite = torch.ne(work, work, out=mask).sum()
             out.append(torch.stack([zeros, nonfinite]))
         return out
 
 
 def _plan_chunks(numels: Sequence[int], cap: int) -> list[list[tuple[int, int, int]]]:
-    """Split tensors (by element ranges) into chunks of at most ``cap`` elements.
+    """Chunks of at most ``cap`` elements, as ``(tensor, start, end)`` ranges.
 
-    >>> _plan_chunks([3, 5, 2], 4)
-    [[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)], [(2, 0, 2)]]
+    A tensor of at least ``cap // 4`` elements gets chunks of its own (read in place); the
+    smaller ones are packed together (one copy, then one set of kernels for all of them).
+
+    >>> _plan_chunks([3, 20, 1, 2], 16)
+    [[(1, 0, 16)], [(1, 16, 20)], [(0, 0, 3), (2, 0, 1), (3, 0, 2)]]
     """
-    chunks: list[list[tuple[int, int, int]]] = [[]]
+    chunks: list[list[tuple[int, int, int]]] = []
+    for i, n in enumerate(numels):
+        if n >= max(cap // 4, 1):
+            chunks.extend([(i, a, min(a + cap, n))] for a in range(0, n, cap))
+    packed: list[list[tuple[int, int, int]]] = [[]]
     room = cap
     for i, n in enumerate(numels):
+        if n >= max(cap // 4, 1):
+            continue
         start = 0
         while start < n:
             if room == 0:
-                chunks.append([])
+                packed.append([])
                 room = cap
             take = min(room, n - start)
-            chunks[-1].append((i, start, start + take))
+            packed[-1].append((i, start, start + take))
             start += take
             room -= take
+    chunks.extend(packed)
     return [c for c in chunks if c]
 
 
