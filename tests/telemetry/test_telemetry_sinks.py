@@ -6,6 +6,8 @@ import io
 import json
 import math
 import os
+import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -149,6 +151,17 @@ def test_telemetry_sink_tensorboard_records_alarms_as_text(tiny: torch.nn.Module
     events.Reload()
     (text,) = events.Tensors("ampkit/alarms/text_summary")
     assert b"LOSS_NONFINITE" in text.tensor_proto.string_val[0]
+
+
+@pytest.mark.parametrize("module, build, extra", [
+    ("torch.utils.tensorboard", lambda tmp: TensorBoardSink(tmp), "ampkit[tensorboard]"),
+    ("rich.progress", lambda tmp: ProgressSink(), "ampkit[report]"),
+])
+def test_telemetry_sink_missing_dependency_names_the_extra(module: str, build, extra: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail as if not installed
+    with pytest.raises(ImportError, match=re.escape(f"pip install '{extra}'")):
+        build(tmp_path)
 
 
 def test_telemetry_sink_progress_shows_loss_scale_and_skips(tiny: torch.nn.Module) -> None:
