@@ -22,6 +22,7 @@ import io
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.steps < 30:
         parser.error("--steps must be >= 30 for a stable median")
+    # MixedPrecisionNanny's full backward hooks warn on modules whose inputs need no grad (the embeddings).
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
     variants = run(args.steps, args.warmup)
     print(f"tinygpt {CONFIG}, batch {BATCH}, bf16 autocast on CPU, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {args.steps} steps after {args.warmup} warm-up, interleaved")
