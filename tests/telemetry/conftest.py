@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from telemetry_helpers import TinyRegressor
 
 
 @pytest.fixture(autouse=True)
-def seed() -> int:
-    torch.manual_seed(0)
-    return 0
+def _seeded(seed: int) -> int:
+    """Every telemetry test runs seeded (the suite's ``seed`` fixture)."""
+    return seed
 
 
 @pytest.fixture

@@ -180,27 +180,28 @@ def test_telemetry_alarm_grad_norm_spike_vs_running_median() -> None:
     assert len(fired) == 1 and fired[0][0] == 30 and fired[0][1] > 10
 
 
-def test_telemetry_alarm_doctor_action_replays_when_the_doctor_is_on() -> None:
-    class Doctor:  # stands in for ReplayDoctor: records what it was asked
-        def __init__(self) -> None:
-            self.reasons: list[str] = []
-
-        def replay(self, *, reason: str) -> None:
-            self.reasons.append(reason)
-
+def test_telemetry_alarm_doctor_action_warns_when_the_doctor_is_off() -> None:
     model = _mlp()
     tel = Telemetry(flush_every=2, alarms=[LossNonFiniteAlarm(action="doctor")])
     mp, opt = _engine("bf16", model, tel)
     x, y = _dataset(nan_sample=0)
-    with pytest.warns(AlarmWarning, match="the doctor, but it is off"):
+    with pytest.warns(AlarmWarning, match=r"LOSS_NONFINITE at step 1: .*the doctor, but it is off"):
         _train(mp, model, opt, x, y)
         _train(mp, model, opt, x, y)
-    doctor = Doctor()
-    mp.doctor = doctor
-    x_ok, _ = _dataset()
-    for inputs in (x, x_ok, x, x):  # step 3 continues the episode, step 4 ends it, step 5 starts another
-        _train(mp, model, opt, inputs, y)
-    assert doctor.reasons == ["NONFINITE_INPUT"]
+
+
+def test_telemetry_alarm_doctor_action_replays_the_collapse() -> None:
+    model = _mlp()
+    tel = Telemetry(flush_every=K, alarms=[ScaleCollapseAlarm(consecutive_backoffs=K, action="doctor")])
+    mp, opt = _engine("fp16", model, tel, doctor=True)
+    mp.doctor.max_replays = 0  # only the alarm's replay, not the doctor's own ones
+    x, y = _dataset(nan_sample=17)
+    for _ in range(K):
+        _train(mp, model, opt, x, y)
+    collapse = [f for f in mp.doctor.findings if f.code == "SCALE_COLLAPSE"]
+    assert len(collapse) == 1, [f.code for f in mp.doctor.findings]
+    assert collapse[0].evidence["cause"] == "nonfinite_data_or_loss"
+    assert any(f.code == "NONFINITE_INPUT" for f in mp.doctor.findings)
 
 
 def test_telemetry_alarm_state_dict_round_trip() -> None:

@@ -180,7 +180,7 @@ class Telemetry(EngineHook):
         r = len(self._meta)
         params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]
                   if p.grad is not None and p.grad.numel()]
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [_local(p.grad) for p in params if p.grad is not None]
         zeros, nonfinite = self._counter.count(grads)
         norm = self._nan if grad_norm is None else grad_norm
         if engine.clip_grad_norm is not None:
@@ -346,6 +346,16 @@ def _record(meta: _StepMeta, v: list[float], rank: int, modules: list[list[float
         row = modules[meta.module_slot]
         rec["module_grad_absmax"] = {meta.module_names[j]: row[j] for j in meta.module_present}
     return rec
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    # A sharded (FSDP2 DTensor) gradient is counted through this rank's shard: operating on the
+    # DTensor itself would run collectives (a sync) in the hot path.
+    to_local = getattr(grad, "to_local", None)
+    if to_local is None:
+        return grad
+    with torch.no_grad():
+        return to_local()  # type: ignore[no-any-return]
 
 
 def _close(sink: Sink) -> None:
