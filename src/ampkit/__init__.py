@@ -9,23 +9,49 @@ from ampkit.engine import EngineHook, MixedPrecision, StepResult
 from ampkit.policy import keep_fp32
 from ampkit.precision import Precision, PrecisionError
 from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler
+from ampkit.telemetry import (
+    Alarm,
+    AlarmWarning,
+    CallbackSink,
+    GradNormSpikeAlarm,
+    JsonlSink,
+    LossNonFiniteAlarm,
+    ProgressSink,
+    ScaleCollapseAlarm,
+    SkipRateAlarm,
+    Telemetry,
+    TensorBoardSink,
+    TrainingStopped,
+)
 from ampkit.verify.task import Task, TaskBase
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Alarm",
+    "AlarmWarning",
+    "CallbackSink",
     "CheckpointError",
     "DynamicLossScaler",
     "EngineHook",
+    "GradNormSpikeAlarm",
+    "JsonlSink",
+    "LossNonFiniteAlarm",
     "LossScaler",
     "MixedPrecision",
     "NoLossScaler",
     "Precision",
     "PrecisionError",
+    "ProgressSink",
+    "ScaleCollapseAlarm",
+    "SkipRateAlarm",
     "StaticLossScaler",
     "StepResult",
     "Task",
     "TaskBase",
+    "Telemetry",
+    "TensorBoardSink",
+    "TrainingStopped",
     "__version__",
     "keep_fp32",
     "load_checkpoint",

@@ -41,6 +41,8 @@ def _atomic_replace(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 minus umask).
+        os.fchmod(fd, 0o666 & ~_current_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -56,6 +58,12 @@ def _atomic_replace(path: Path, write: Any) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; restore at once
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

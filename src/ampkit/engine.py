@@ -69,6 +69,9 @@ class EngineHook:
     synchronise with the host unless that is their documented purpose.
     """
 
+    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
+        """Called once per model when ``prepare`` first records it (before its first forward)."""
+
     def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
         """Called with the user's (unscaled, undivided) loss before backward."""
 
@@ -160,7 +163,12 @@ class MixedPrecision:
         self._opt_states: dict[int, _OptState] = {}
         self._warned: set[str] = set()
         self.found_inf_reducer: Callable[[torch.Tensor], torch.Tensor] | None = None
-        """Set by ``ampkit.distributed``: makes every rank take the same skip decision."""
+        """Set by ``ampkit.distributed``: makes every rank take the same skip decision.
+
+        While one is set, each rank checks only its local gradient shards (``DTensor.to_local``)
+        and the reducer makes the result global.  It may return before its collective completes
+        if it has a ``wait()`` method: the engine calls ``wait()`` after clipping, right before
+        the step-or-skip decision reads ``found_inf``."""
         self.telemetry: Any = None
         self.doctor: Any = None
         if telemetry is not None:
@@ -215,6 +223,8 @@ class MixedPrecision:
         self.policy.apply(model)
         if all(m is not model for m in self.models):
             self.models.append(model)
+            for hook in self.hooks:
+                hook.on_prepare(self, model)
         return model
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
@@ -258,6 +268,9 @@ class MixedPrecision:
         if self.found_inf_reducer is not None:
             per_opt_found = [self.found_inf_reducer(f) for f in per_opt_found]
         grad_norm = self._clip_and_norm(opts)
+        wait = getattr(self.found_inf_reducer, "wait", None)
+        if wait is not None:
+            wait()  # an asynchronous reduction overlapped the clip above; found_inf is read next
         found_inf = per_opt_found[0] if len(per_opt_found) == 1 else torch.stack(per_opt_found).sum()
         for hook in self.hooks:
             hook.before_optimizer_step(self, opts, found_inf, grad_norm)
@@ -324,7 +337,13 @@ class MixedPrecision:
     # -- internals ---------------------------------------------------------------------------------
     @staticmethod
     def _as_list(optimizers: Any) -> list[torch.optim.Optimizer]:
-        opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        if isinstance(optimizers, torch.optim.Optimizer):
+            opts = [optimizers]
+        else:
+            try:
+                opts = list(optimizers)
+            except TypeError:
+                opts = []
         if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
             raise TypeError(
                 f"mp.step() takes a torch.optim.Optimizer or a list of them, got {optimizers!r}"
@@ -338,7 +357,13 @@ class MixedPrecision:
     def _unscale(self, opt: torch.optim.Optimizer) -> torch.Tensor:
         found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.scaler.enabled or self.skip_nonfinite:
-            self.scaler.unscale_(self._grads(opt), found_inf)
+            grads = self._grads(opt)
+            if self.found_inf_reducer is not None:
+                # The reducer makes found_inf global, so check this rank's shards only; a sharded
+                # (DTensor) gradient would otherwise run one blocking all-reduce per dtype group.
+                with torch.no_grad():  # to_local() then returns the shard itself, no autograd node
+                    grads = [_local_shard(g) for g in grads]
+            self.scaler.unscale_(grads, found_inf)
         return found_inf
 
     def _clip_and_norm(self, opts: Sequence[torch.optim.Optimizer]) -> torch.Tensor | None:
@@ -389,7 +414,13 @@ class MixedPrecision:
             self._check_param(p, where=f"parameter {name!r}")
 
     def _check_param(self, p: torch.Tensor, where: str) -> None:
-        if p.device.type != self.device.type and p.device.type != "meta":
+        if p.device.type == "meta":
+            raise RuntimeError(
+                f"{where} is on the meta device (allocated without storage), so it cannot be trained; "
+                f"materialise the model first with model.to_empty(device={str(self.device)!r}) and load "
+                "or initialise its weights"
+            )
+        if p.device.type != self.device.type:
             raise RuntimeError(
                 f"{where} lives on {p.device} but the engine was built for {self.device}; move the model "
                 f"with model.to({str(self.device)!r}) before building the optimizer, or build "
@@ -417,6 +448,12 @@ class MixedPrecision:
 
     def __iter__(self) -> Iterator[Any]:  # pragma: no cover - guard against `for x in mp`
         raise TypeError("MixedPrecision is not iterable; use mp.autocast(), mp.backward(loss), mp.step(opt)")
+
+
+def _local_shard(grad: torch.Tensor) -> torch.Tensor:
+    # DTensor.to_local() returns the shard's own tensor, so unscaling it in place unscales the grad.
+    to_local = getattr(grad, "to_local", None)
+    return to_local() if to_local is not None else grad
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

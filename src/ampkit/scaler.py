@@ -77,6 +77,7 @@ class LossScaler:
 
     def __init__(self) -> None:
         self._device: torch.device | None = None
+        self._ones: dict[torch.device, torch.Tensor] = {}
 
     # -- device state ------------------------------------------------------------------------
     def _ensure_state(self, device: torch.device) -> None:
@@ -84,7 +85,13 @@ class LossScaler:
 
     def scale_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """The current scale as a float32 tensor on ``device`` (no host sync)."""
-        return torch.ones((), dtype=torch.float32, device=device)
+        return self._one(torch.device(device))
+
+    def _one(self, device: torch.device) -> torch.Tensor:
+        # Cached: the hot path would otherwise allocate a scalar every step.
+        if device not in self._ones:
+            self._ones[device] = torch.ones((), dtype=torch.float32, device=device)
+        return self._ones[device]
 
     # -- hooks ---------------------------------------------------------------------------------
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -93,7 +100,7 @@ class LossScaler:
 
     def unscale_(self, grads: Iterable[torch.Tensor], found_inf: torch.Tensor) -> torch.Tensor:
         """Check ``grads`` for non-finite values (multiplying by 1 is exact) and mark ``found_inf``."""
-        return unscale_and_check_(grads, torch.ones((), device=found_inf.device), found_inf)
+        return unscale_and_check_(grads, self._one(found_inf.device), found_inf)
 
     def update(self, found_inf: torch.Tensor) -> None:
         """Adjust the scale after a step; ``found_inf > 0`` means the step was skipped."""

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 # Each entry is a module under ampkit.cli exposing register(subparsers) and run(args) -> int.
-SUBCOMMANDS: tuple[str, ...] = ("verify", "env")
+SUBCOMMANDS: tuple[str, ...] = ("doctor", "lint", "verify", "env")
 
 
 class UsageError(Exception):

@@ -1,0 +1,69 @@
+"""``ampkit lint``: find AMP mistakes in Python source (rules AMP101–AMP116).
+
+Exit codes: 0 clean, 1 violations (a file that cannot be parsed counts as one, AMP000),
+2 usage error (unknown rule code, missing path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ampkit.cli.main import UsageError
+
+__all__ = ["register", "run"]
+
+_EPILOG = """\
+examples:
+  ampkit lint train.py src/
+  ampkit lint --select AMP101,AMP113 --format github .
+  ampkit lint --fix --select AMP101 src/          # rewrite torch.cuda.amp to torch.amp
+  ampkit lint --exclude 'tests/fixtures/,*_pb2.py' .
+
+Silence one line with `# noqa: AMP102` (that rule) or `# noqa` (every rule).
+Directories are searched for *.py files; virtualenvs (pyvenv.cfg, .venv, venv, site-packages),
+.git and __pycache__ are skipped.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "lint",
+        help="find AMP mistakes in Python source",
+        description="Find mixed-precision mistakes in Python source without running it.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories to check")
+    parser.add_argument("--format", choices=("text", "json", "github"), default="text",
+                        help="text (path:line:col: CODE message), json (ampkit.lint/1) or github "
+                             "(workflow annotations); default: text")
+    parser.add_argument("--select", metavar="CODES", action="append",
+                        help="only these rule codes or prefixes, comma-separated (AMP101,AMP11)")
+    parser.add_argument("--ignore", metavar="CODES", action="append",
+                        help="skip these rule codes or prefixes, comma-separated")
+    parser.add_argument("--exclude", metavar="GLOB", action="append", default=[],
+                        help=".gitignore-style pattern(s) to skip, comma-separated, repeatable")
+    parser.add_argument("--fix", action="store_true",
+                        help="rewrite deprecated torch.cuda.amp / torch.cpu.amp uses (AMP101) in place")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ampkit.lint.checker import lint_paths, parse_codes
+    from ampkit.lint.output import render, summary
+
+    try:
+        codes = parse_codes(args.select, args.ignore)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    missing = [path for path in args.paths if not os.path.exists(path)]
+    if missing:
+        raise UsageError(f"no such file or directory: {', '.join(missing)} (pass existing files or directories)")
+    report = lint_paths(args.paths, codes, exclude=args.exclude, fix=args.fix)
+    sys.stdout.write(render(report, args.format))
+    sys.stdout.flush()
+    if args.format == "text" or report.fixed:
+        print(summary(report), file=sys.stderr)
+    return 1 if report.violations else 0

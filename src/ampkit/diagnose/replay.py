@@ -1,0 +1,445 @@
+"""``ReplayDoctor``: zero cost until failure, then a full diagnosis of the failing step.
+
+``MixedPrecision(..., doctor=True)`` installs one.  Every step it keeps a *capture*:
+
+* references to the inputs of each call of a prepared model (a forward pre-hook; no copy —
+  the batch is alive anyway — so an input buffer the training code overwrites in place is
+  seen with its new contents at replay time);
+* the RNG state before that call (``torch.get_rng_state``: a 5 KB host copy; on CUDA the
+  generator's seed and offset, read from host memory without a device sync) and the autocast
+  state;
+* the gradient each model output received in backward (a tensor hook that stores a
+  reference: the loss function is not known to the engine, so the replay re-runs the model
+  on the captured inputs and backpropagates this gradient — everything inside the model is
+  re-traced, the loss itself is not).  When the output is consumed by a cast (``.float()``
+  before the loss, autocast's fp32 loss ops), the gradient *before* that cast is kept too
+  (a pre-hook on the cast's autograd node, found by a walk of at most 64 nodes from the loss
+  in ``on_backward``): a scale that overflows fp16 exactly at that boundary is then replayed
+  faithfully, and judged at scale 1;
+* the loss tensors given to ``mp.backward`` and the scale the step used (``StepResult.scale``).
+
+Deciding whether a step failed costs no host sync in the hot path: at the boundary the
+doctor queues ``[found_inf > 0, any loss non-finite]`` on the device.  On the CPU that
+tensor is already computed when it is read (CPU kernels are synchronous), so it is read at
+once; on an accelerator it is copied into pinned memory with ``non_blocking=True`` and an
+event, and read at a later hook (the next forward or boundary) once ``event.query()`` says it
+has arrived — never by waiting (``torch.Event``: CUDA, XPU, MPS alike).  A failed step (skipped, or non-finite loss) is replayed on
+a deep copy of the model, fully instrumented (``ampkit.diagnose.api``), and its findings are
+appended to ``findings`` and logged on the ``ampkit.doctor`` logger.
+
+A skipped step with a finite loss that the replay shows to be ordinary dynamic loss scaling
+(the overflow vanishes at scale 1) is reported once; later skips of the same kind are not
+replayed again.  At most ``max_replays`` automatic replays run per engine.  ``replay(reason)``
+replays the last completed step on demand (telemetry alarms call it with
+``reason="SCALE_COLLAPSE"``, which adds a SCALE_COLLAPSE finding with the cause classified).
+
+Memory: the capture of the last completed step stays referenced until the next step
+completes — its model inputs (alive anyway for most loaders) and the gradient of the model's
+outputs (for a language model, batch × sequence × vocabulary floats), so ``replay()`` can run
+on demand.  ``keep_last=False`` drops a healthy step's capture at its boundary instead (then
+``replay()`` only has a step that failed).
+
+Replay timing: when the failing step was skipped, its parameters are still those the step
+ran with when the doctor learns of the failure on the CPU (it decides in ``after_step``);
+on an accelerator the decision can arrive one step later, and the replay then runs with the
+parameters of that later step (recorded as ``evidence.params_from_step``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from ampkit.diagnose.events import display_module, sort_findings
+from ampkit.diagnose.findings import Finding
+from ampkit.diagnose.modules import float_tensors
+from ampkit.engine import EngineHook, StepResult
+
+if TYPE_CHECKING:
+    from ampkit.diagnose.api import DiagnosisResult
+    from ampkit.engine import MixedPrecision
+
+__all__ = ["ReplayDoctor"]
+
+log = logging.getLogger("ampkit.doctor")
+
+
+@dataclass
+class _Call:
+    """One captured forward call of a prepared model."""
+
+    model: nn.Module
+    args: tuple
+    kwargs: dict[str, Any]
+    rng_cpu: torch.Tensor
+    rng_accel: torch.Tensor | None
+    autocast: tuple[str, torch.dtype, bool]
+    grads: list[torch.Tensor | None] = field(default_factory=list)
+    wide: list[torch.Tensor | None] = field(default_factory=list)
+    """Per output: the gradient before the cast that consumed it (fp32), when there is one."""
+
+
+@dataclass
+class _StepCapture:
+    step: int
+    calls: list[_Call]
+    losses: list[torch.Tensor]
+    scale: float | torch.Tensor
+    grad_accumulation: int
+    has_found_inf: bool = False
+    flag: torch.Tensor | None = None
+    event: Any = None
+
+
+class ReplayDoctor(EngineHook):
+    """Capture every step cheaply; replay a failing one fully instrumented (see the module docstring).
+
+    Args:
+        engine: the ``MixedPrecision`` engine (it constructs the doctor with ``doctor=True``).
+        max_replays: automatic replays per engine (explicit ``replay()`` calls are not counted).
+        shadow, bisect: passed to the diagnosis (FP32 shadow comparison, keep-fp32 bisection).
+        keep_last: keep the last healthy step's capture for ``replay()`` (see "Memory" above).
+    """
+
+    def __init__(self, engine: MixedPrecision, *, max_replays: int = 3, shadow: bool = True,
+                 bisect: bool = True, keep_last: bool = True) -> None:
+        self.engine = engine
+        self.keep_last = keep_last
+        self.max_replays = max_replays
+        self.shadow = shadow
+        self.bisect = bisect
+        self.findings: list[Finding] = []
+        """Every finding of every replay, in the order they were found."""
+        self.results: list[DiagnosisResult] = []
+        self.replays = 0
+        """Automatic replays run so far."""
+        self._hooked: dict[int, list[RemovableHandle]] = {}
+        self._calls: list[_Call] = []
+        self._losses: list[torch.Tensor] = []
+        self._last: _StepCapture | None = None
+        self._pending: list[_StepCapture] = []
+        self._replaying = False
+        self._scaling_ok = False
+        self._loss_reported = False
+        self._warned_unprepared = False
+        self._out_nodes: dict[Any, tuple[_Call, int]] = {}
+        for model in engine.models:
+            self._hook(model)
+
+    # -- engine hooks ------------------------------------------------------------------------
+    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
+        self._hook(model)
+
+    def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
+        if self._replaying:
+            return
+        if not self._hooked and not self._warned_unprepared:
+            self._warned_unprepared = True
+            log.warning("MixedPrecision(doctor=True) captures the inputs of prepared models only; call "
+                        "mp.prepare(model) before training so a failing step can be replayed")
+        self._losses.append(loss.detach())
+        if self._out_nodes and loss.grad_fn is not None:
+            self._hook_casts(loss.grad_fn)
+
+    def after_step(self, engine: MixedPrecision, result: StepResult,
+                   optimizers: Any) -> None:
+        if self._replaying:
+            return
+        cap = _StepCapture(step=result.optimizer_step, calls=self._calls, losses=self._losses,
+                           scale=result.scale if result.scale is not None else 1.0,
+                           grad_accumulation=engine.grad_accumulation)
+        self._calls, self._losses = [], []
+        self._out_nodes = {}
+        self._last = cap
+        parts = []
+        if result.found_inf is not None:
+            cap.has_found_inf = True
+            parts.append(result.found_inf.reshape(1) > 0)
+        if cap.losses:
+            finite = torch.isfinite(torch.stack([x.float().reshape(()) for x in cap.losses]))
+            parts.append((~finite).any().reshape(1))
+        if not parts:
+            return
+        flag = torch.cat([p.to(parts[0].device) for p in parts])
+        if flag.device.type == "cpu":
+            # Free: CPU kernels have already run, so reading the flag waits for nothing.
+            self._decide(cap, flag.tolist())
+            return
+        # Queue the copy behind the step's kernels; an event says when it has landed.
+        host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=flag.device.type == "cuda")
+        host.copy_(flag, non_blocking=True)
+        cap.flag = host
+        cap.event = torch.Event(device=flag.device)
+        cap.event.record()
+        self._pending.append(cap)
+        self._poll()
+
+    # -- capture hooks ---------------------------------------------------------------------------
+    def _hook(self, model: nn.Module) -> None:
+        if id(model) in self._hooked:
+            return
+        self._hooked[id(model)] = [
+            model.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
+            model.register_forward_hook(self._post_hook, with_kwargs=True),
+        ]
+
+    def close(self) -> None:
+        """Remove the capture hooks from every model."""
+        for handles in self._hooked.values():
+            for h in handles:
+                h.remove()
+        self._hooked.clear()
+
+    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if self._replaying or not torch.is_grad_enabled():
+            return
+        if self._pending:
+            self._poll()
+        dev = self.engine.device
+        accel = torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
+        self._calls.append(_Call(
+            model=module, args=args, kwargs=kwargs, rng_cpu=torch.get_rng_state(), rng_accel=accel,
+            autocast=(dev.type, torch.get_autocast_dtype(dev.type), torch.is_autocast_enabled(dev.type)),
+        ))
+
+    def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if self._replaying or not self._calls or self._calls[-1].model is not module:
+            return
+        call = self._calls[-1]
+        outs = [t for t in float_tensors(output) if t.requires_grad]
+        call.grads = [None] * len(outs)
+        call.wide = [None] * len(outs)
+        for i, t in enumerate(outs):
+            t.register_hook(_GradKeeper(call.grads, i))
+            if t.grad_fn is not None:
+                self._out_nodes[t.grad_fn] = (call, i)
+
+    def _hook_casts(self, root: Any, limit: int = 64) -> None:
+        """Pre-hook the cast nodes that consume a captured output (see the module docstring).
+
+        The gradient arriving at a cast is the output's whole gradient only when that cast is
+        its sole consumer, so nothing is hooked unless the walk saw the entire loss-side graph.
+        """
+        seen, queue = {root}, [root]
+        consumers: dict[Any, list[Any]] = {}
+        while queue:
+            if len(seen) > limit:
+                return  # a large loss-side graph: keep the output's own gradient only
+            node = queue.pop(0)
+            for nxt, _ in node.next_functions:
+                if nxt is None:
+                    continue
+                if nxt in self._out_nodes:
+                    consumers.setdefault(nxt, []).append(node)
+                    continue  # never walk into the model's own graph
+                if nxt not in seen:
+                    seen.add(nxt)
+                    queue.append(nxt)
+        for out_node, nodes in consumers.items():
+            if len(nodes) == 1 and type(nodes[0]).__name__ == "ToCopyBackward0":
+                call, i = self._out_nodes[out_node]
+                nodes[0].register_prehook(_WideKeeper(call.wide, i))
+
+    # -- deciding and replaying --------------------------------------------------------------------
+    def _poll(self) -> None:
+        while self._pending:
+            cap = self._pending[0]
+            if cap.event is not None and not cap.event.query():
+                return
+            self._pending.pop(0)
+            assert cap.flag is not None
+            self._decide(cap, cap.flag.tolist())
+
+    def _decide(self, cap: _StepCapture, flags: list[bool]) -> None:
+        skipped = bool(flags[0]) if cap.has_found_inf else False
+        loss_bad = bool(flags[-1]) if cap.losses else False
+        if not (skipped or loss_bad):
+            if not self.keep_last and self._last is cap:
+                self._last = None
+            return
+        if not loss_bad and self._scaling_ok:
+            return  # another overflow of ordinary dynamic loss scaling, already explained
+        if self.replays >= self.max_replays:
+            if self.replays == self.max_replays:
+                log.warning("ampkit doctor: step %d failed; not replayed (max_replays=%d reached)", cap.step,
+                            self.max_replays)
+                self.replays += 1
+            return
+        self.replays += 1
+        self._run(cap, "non-finite loss" if loss_bad else "skipped step (non-finite gradients)")
+
+    def replay(self, reason: str = "manual") -> list[Finding]:
+        """Replay the last completed step fully instrumented and return its findings.
+
+        With ``reason="SCALE_COLLAPSE"`` a SCALE_COLLAPSE finding with the cause classified
+        (non-finite data or loss versus real gradient overflow) is added.
+        """
+        cap = self._last
+        if cap is None or not cap.calls:
+            log.warning("ampkit doctor: nothing to replay (%s): no step of a prepared model was captured", reason)
+            return []
+        found = self._run(cap, reason)
+        if reason == "SCALE_COLLAPSE":
+            collapse = _scale_collapse(found, cap)
+            self.findings.append(collapse)
+            found = sort_findings([collapse, *found])
+        return found
+
+    def _run(self, cap: _StepCapture, reason: str) -> list[Finding]:
+        from ampkit.diagnose.api import diagnose_program
+        from ampkit.diagnose.programs import OutputGradProgram
+        from ampkit.diagnose.session import RngSnapshot, Session
+
+        scale = _scale_value(cap)
+        effective = scale / cap.grad_accumulation  # the factor the captured output gradients carry
+        found: list[Finding] = []
+        self._replaying = True
+        # A replay can start inside the caller's forward pre-hook (accelerators): leave its autocast
+        # and grad mode outside, every program sets its own.
+        clean = contextlib.ExitStack()
+        clean.enter_context(torch.enable_grad())
+        clean.enter_context(torch.autocast(self.engine.device.type, enabled=False))
+        try:
+            for call in cap.calls:
+                grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
+                seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
+                program = OutputGradProgram(call.args, call.kwargs, grads if seed_finite else [],
+                                            loss_scale=effective, autocast=call.autocast)
+                session = Session(call.model, program, self.engine.precision,
+                                  rng=RngSnapshot(self.engine.device, cpu=call.rng_cpu, accel=call.rng_accel))
+                try:
+                    result = diagnose_program(call.model, program, self.engine.precision, step=cap.step,
+                                              shadow=self.shadow, bisect=self.bisect, session=session)
+                finally:
+                    session.close()
+                result.findings = [_with_context(f, reason, self.engine.optimizer_steps) for f in result.findings]
+                if not seed_finite and not any(f.severity == "error" for f in result.findings):
+                    result.findings = sort_findings([_seed_finding(cap, call, scale), *result.findings])
+                self.results.append(result)
+                found.extend(result.findings)
+                if any(f.severity == "error" for f in result.findings):
+                    break
+        except Exception as exc:  # a diagnosis must never take the training run down
+            log.warning("ampkit doctor: replay of step %d failed: %s: %s", cap.step, type(exc).__name__, exc)
+            return []
+        finally:
+            clean.close()
+            self._replaying = False
+        if any(f.code == "BACKWARD_OVERFLOW" and f.severity == "info" for f in found):
+            self._scaling_ok = True
+        low = sorted({str(x.dtype).replace("torch.", "") for x in cap.losses
+                      if x.dtype in (torch.float16, torch.bfloat16)})
+        if low and not self._loss_reported:
+            self._loss_reported = True
+            found.append(Finding(
+                code="LOSS_IN_LOW_PRECISION", severity="warning",
+                message=(f"the loss passed to mp.backward() is {low[0]}: its value and its gradient seed are rounded "
+                         f"to {low[0]}, and scaling it keeps it in {low[0]}, where it can overflow"),
+                fix=("Compute the loss from fp32 values: loss_fn(output.float(), target), or compute it outside the "
+                     "autocast block."),
+                step=cap.step, evidence={"loss_dtype": low[0]},
+            ))
+        found = sort_findings(found)
+        self.findings.extend(found)
+        _log(cap.step, reason, found)
+        return found
+
+
+class _GradKeeper:
+    """Tensor hook that keeps a reference to the gradient an output received (no copy)."""
+
+    __slots__ = ("index", "slots")
+
+    def __init__(self, slots: list[torch.Tensor | None], index: int) -> None:
+        self.slots, self.index = slots, index
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        self.slots[self.index] = grad
+
+
+class _WideKeeper(_GradKeeper):
+    """Autograd-node pre-hook: keeps the gradient arriving at a cast, before it is narrowed."""
+
+    def __call__(self, grad_outputs: Any) -> None:  # type: ignore[override]
+        self.slots[self.index] = grad_outputs[0]
+
+
+def _with_context(f: Finding, reason: str, now: int) -> Finding:
+    from dataclasses import replace
+
+    return replace(f, evidence={**f.evidence, "replay_reason": reason, "params_from_step": now})
+
+
+def _seed_finding(cap: _StepCapture, call: _Call, scale: float) -> Finding:
+    """The model's forward is finite but the gradient reaching its outputs is not."""
+    dtypes = sorted({str(x.dtype).replace("torch.", "") for x in cap.losses})
+    losses_finite = all(bool(torch.isfinite(x).all()) for x in cap.losses)
+    if losses_finite and scale > 1.0:
+        return Finding(
+            code="BACKWARD_OVERFLOW", severity="info",
+            message=(f"the gradient reaching the model's outputs overflowed at loss scale {scale:g} while the loss "
+                     "itself is finite: ordinary dynamic loss scaling — the step is skipped and the scale backs off"
+                     + (f"; the loss is {dtypes[0]}, so its gradient is narrow from the start" if dtypes and
+                        dtypes[0] in ("float16", "bfloat16") else "")),
+            fix=("Nothing to change if it happens now and then; if most steps are skipped, lower init_scale. "
+                 "Computing the loss in fp32 (loss_fn(output.float(), target)) widens the range at this boundary."),
+            step=cap.step, evidence={"loss_scale": scale, "loss_dtypes": dtypes, "phase": "backward",
+                                     "where": "model output"},
+        )
+    return Finding(
+        code="FORWARD_NAN", severity="error",
+        message=("the model's forward is finite, but the gradient reaching its outputs is not: the non-finite "
+                 "value was produced between the model output and the loss (the loss function or the targets)"
+                 + (f"; the loss was {dtypes[0]}" if dtypes else "")),
+        fix=("Check the targets for NaN/inf, clamp probabilities before log(), and compute the loss in fp32 "
+             "(loss_fn(output.float(), target))."),
+        step=cap.step, evidence={"loss_dtypes": dtypes, "model": type(call.model).__name__},
+    )
+
+
+def _scale_collapse(found: list[Finding], cap: _StepCapture) -> Finding:
+    codes = {f.code for f in found if f.severity == "error"}
+    infos = {f.code for f in found if f.severity == "info"}
+    if "NONFINITE_INPUT" in codes:
+        cause, detail = "nonfinite_data_or_loss", "non-finite values in the data (NONFINITE_INPUT)"
+    elif codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW", "NORM_STATS_NONFINITE", "DTYPE_MISMATCH"}:
+        cause, detail = "nonfinite_data_or_loss", f"a non-finite forward/loss ({', '.join(sorted(codes))})"
+    elif "BACKWARD_OVERFLOW" in codes:
+        cause, detail = "gradient_overflow", "gradients that overflow even at scale 1 (BACKWARD_OVERFLOW)"
+    elif "BACKWARD_OVERFLOW" in infos:
+        cause, detail = "gradient_overflow", "real gradient overflow at the current scale, avoidable by a lower scale"
+    else:
+        cause, detail = "not_reproduced", "the last step replays finite; the collapse came from earlier steps"
+    top = next((f for f in found if f.severity == "error"), None)
+    return Finding(
+        code="SCALE_COLLAPSE", severity="error",
+        message=f"the loss scale collapsed; replaying step {cap.step} attributes it to {detail}"
+                + (f" in {display_module(top.module)}" if top is not None and top.module is not None else ""),
+        fix=(top.fix if top is not None else
+             "Inspect the steps before the collapse (telemetry's scale history); a scale that keeps halving with a "
+             "finite loss means gradients overflow every step: keep the overflowing module in fp32 or use bf16."),
+        module=top.module if top is not None else None, op=top.op if top is not None else None,
+        location=top.location if top is not None else None, step=cap.step,
+        evidence={"cause": cause, "scale": _scale_value(cap)},
+    )
+
+
+def _scale_value(cap: _StepCapture) -> float:
+    # A host read of a 0-d tensor, on the replay path only.
+    return float(cap.scale) if isinstance(cap.scale, (int, float)) else float(cap.scale.item())
+
+
+def _log(step: int, reason: str, findings: list[Finding]) -> None:
+    for f in findings:
+        if f.severity == "info":
+            continue
+        where = " ".join(x for x in (f.module and f"in {f.module}", f.op and f"({f.op})",
+                                      f.location and f"at {f.location}") if x)
+        log.warning("ampkit doctor: step %d (%s): %s %s %s — %s", step, reason, f.severity.upper(), f.code, where,
+                    f.message)

@@ -1,0 +1,96 @@
+"""``diagnose_task``: the doctor on a Task (``ampkit doctor TASK``).
+
+A Task (``ampkit.verify.task``) builds a model, an optimizer, batches and a loss.  The
+diagnosis:
+
+1. diagnoses the first batch with ``diagnose_step`` (op-level trace, FP32 shadow, bisection,
+   headroom), at the scale the engine would use;
+2. trains ``steps`` steps with ``MixedPrecision(precision, doctor=True)``, so any step that is
+   skipped or goes non-finite later is replayed and diagnosed (``ampkit.diagnose.replay``);
+3. measures whether the precision is slower than fp32 here (SLOW_LOW_PRECISION).
+
+Findings repeated across steps are merged into one (``evidence.steps`` lists them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from ampkit.diagnose.api import DiagnosisResult, diagnose_step
+from ampkit.diagnose.environment import collect_environment
+from ampkit.diagnose.events import sort_findings
+from ampkit.diagnose.findings import Finding
+from ampkit.diagnose.perf import low_precision_speed
+from ampkit.engine import MixedPrecision
+from ampkit.precision import Precision
+
+__all__ = ["diagnose_task", "merge_findings"]
+
+
+def merge_findings(findings: list[Finding]) -> list[Finding]:
+    """One finding per (code, module, op); the steps it occurred at go to ``evidence.steps``."""
+    merged: dict[tuple[str, str | None, str | None], Finding] = {}
+    steps: dict[tuple[str, str | None, str | None], list[int]] = {}
+    for f in findings:
+        key = (f.code, f.module, f.op)
+        if key not in merged:
+            merged[key] = f
+            steps[key] = []
+        if f.step is not None and f.step not in steps[key]:
+            steps[key].append(f.step)
+    out = []
+    for key, f in merged.items():
+        if len(steps[key]) > 1:
+            f = dataclasses.replace(f, evidence={**f.evidence, "steps": steps[key]})
+        out.append(f)
+    return sort_findings(out)
+
+
+def diagnose_task(task: Any, precision: str | Precision = "auto", *, steps: int = 8, seed: int = 0,
+                  device: str | torch.device | None = None, shadow: bool = True, bisect: bool = True,
+                  check_speed: bool = True) -> DiagnosisResult:
+    """Diagnose ``task`` in ``precision`` (see the module docstring)."""
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"diagnose_task(steps={steps!r}): must be an int >= 0")
+    prec = precision if isinstance(precision, Precision) else Precision.parse(precision, device or "auto")
+    dev = prec.device
+    model = task.build_model(seed).to(dev)
+    optimizer = task.build_optimizer(model)
+    mp = MixedPrecision(prec, device=dev, doctor=True)
+    mp.prepare(model)
+    batches = iter(task.batches(seed, dev))
+    first = next(batches, None)
+    if first is None:
+        raise ValueError(f"task {getattr(task, 'name', task)!r} yielded no batch")
+
+    def run(m: torch.nn.Module) -> torch.Tensor:
+        with mp.autocast():
+            return task.loss(m, first)  # type: ignore[no-any-return]
+
+    scale = float(mp.scale.item()) if mp.scaler.enabled else None  # one host read, before training
+    result = diagnose_step(model, run, precision=prec, loss_scale=scale, step=0, shadow=shadow, bisect=bisect)
+    batch = first
+    for i in range(steps):
+        if i > 0:
+            batch = next(batches, None)
+            if batch is None:
+                break
+        with mp.autocast():
+            loss = task.loss(model, batch)
+        mp.backward(loss)
+        mp.step(optimizer)
+    findings = list(result.findings)
+    assert mp.doctor is not None
+    findings.extend(mp.doctor.findings)
+    mp.doctor.close()
+    if check_speed:
+        slow = low_precision_speed(prec)
+        if slow is not None:
+            findings.append(slow)
+    result.findings = merge_findings(findings)
+    result.environment = {**collect_environment(dev), "task": getattr(task, "name", type(task).__name__),
+                          "steps": steps, "seed": seed}
+    return result

@@ -1,0 +1,69 @@
+"""Per-rank entry point of ``launch_torchrun``: run a module as ``__main__``, record what it did.
+
+``torchrun ... -m ampkit.distributed._rank_main MODULE ARGS...`` runs ``MODULE`` exactly as
+``python -m MODULE ARGS...`` would, with this rank's stdout and stderr (file descriptors 1 and
+2, so C++ and NCCL/gloo logs too) written to ``$AMPKIT_RANK_DIR/rank<R>.stdout|.stderr``, its
+pid to ``rank<R>.pid`` (so a timed-out launch can be killed), and its exit code to
+``rank<R>.exit`` when it ends by itself.  A rank killed by a signal leaves no ``.exit`` file.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+RANK_DIR_ENV = "AMPKIT_RANK_DIR"
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints and exits 1
+    return 1
+
+
+def _redirect(fd: int, path: Path) -> None:
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(target, fd)
+    os.close(target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: python -m ampkit.distributed._rank_main MODULE [ARGS...]", file=sys.stderr)
+        return 2
+    out = Path(os.environ[RANK_DIR_ENV])
+    rank = int(os.environ.get("RANK", "0"))
+    (out / f"rank{rank}.pid").write_text(str(os.getpid()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _redirect(1, out / f"rank{rank}.stdout")
+    _redirect(2, out / f"rank{rank}.stderr")
+    # Line-buffered, so the output of a rank that is killed is there up to its last line.
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    module, sys.argv = argv[0], [argv[0], *argv[1:]]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    tmp = out / f".rank{rank}.exit.tmp"
+    tmp.write_text(str(code))
+    os.replace(tmp, out / f"rank{rank}.exit")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

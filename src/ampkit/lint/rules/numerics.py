@@ -1,0 +1,348 @@
+"""Numerics rules: constants outside the float16 range, hand-written log(softmax) / log(sigmoid)
+/ BCE-on-sigmoid, and running sums kept in a 16-bit float."""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Iterator
+
+from ampkit.lint.astutil import BF16_MAX, FP16_MAX, Const, call_arg, expr_key, fold_constant, last_name
+from ampkit.lint.context import LOW, FileContext
+from ampkit.lint.core import Hit, rule
+from ampkit.lint.flow import Scope, Site
+
+__all__ = ["RULES"]
+
+_LIMITS = {"fp16": ("float16", FP16_MAX), "bf16": ("bfloat16", BF16_MAX)}
+
+
+def _out_of_range(node: ast.expr | None, limit: float, ints: bool) -> Const | None:
+    if node is None:
+        return None
+    const = fold_constant(node)
+    if const is None or math.isinf(const.value) or abs(const.value) <= limit:
+        return None
+    if not const.is_float and not ints:
+        return None  # a large int most often fills an integer (index) tensor
+    return const
+
+
+def _is_fp32(ctx: FileContext, node: ast.AST, scope: Scope, depth: int = 0) -> bool:
+    """True when ``node`` is visibly a float32/float64 tensor (``x.float()``, ``.to(torch.float32)``)."""
+    if depth > 3:
+        return False
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr in ("float", "double") and not node.args:
+            return True
+        if node.func.attr == "to":
+            dtype = call_arg(node, None, "dtype") or next(iter(node.args), None)
+            return ctx.dtype_of(dtype, scope) in ("fp32", "fp64")
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        # `scores = scores.float()` earlier in the scope: silent, even if the name has other bindings.
+        key = expr_key(node)
+        use = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+        for value in (ctx.lookup(key, scope) or ()) if key else ():
+            if value is not None and (value.lineno, value.col_offset) < use \
+                    and _is_fp32(ctx, value, scope, depth + 1):
+                return True
+    return False
+
+
+def _in_module_method(ctx: FileContext, scope: Scope) -> bool:
+    # A method of an nn.Module subclass: its activations are float16 when the caller autocasts.
+    if scope.cls is None:
+        return False
+    return any((last_name(base) or "").endswith("Module") for base in scope.cls.bases)
+
+
+def _may_be_low(ctx: FileContext, scope: Scope, tensor: ast.AST | None) -> bool:
+    if tensor is not None and _is_fp32(ctx, tensor, scope):
+        return False
+    return ctx.mentions_low_precision or _in_module_method(ctx, scope)
+
+
+def _fills(ctx: FileContext, scope: Scope, site: Site) -> Iterator[tuple[str, ast.expr | None, ast.expr | None, str | None]]:
+    """(operation, target tensor, written constant, explicit dtype) for each tensor write in a call."""
+    call = site.node
+    assert isinstance(call, ast.Call)
+    func = call.func
+    name = ctx.qualname(func)
+    attr = last_name(func)
+    if name is None and isinstance(func, ast.Attribute):
+        receiver = func.value
+        if attr in ("masked_fill", "masked_fill_"):
+            yield attr, receiver, call_arg(call, 1, "value"), None
+        elif attr == "fill_":
+            yield attr, receiver, call_arg(call, 0, "value"), None
+        elif attr in ("index_fill", "index_fill_"):
+            yield attr, receiver, call_arg(call, 2, "value"), None
+        elif attr == "new_full":
+            dtype = ctx.dtype_of(call_arg(call, None, "dtype"), scope)
+            yield attr, receiver, call_arg(call, 1, "fill_value"), dtype
+        elif attr == "where":
+            yield attr, receiver, call_arg(call, 1, "other"), None
+    elif name in ("torch.masked_fill",):
+        yield "masked_fill", call_arg(call, 0, "input"), call_arg(call, 2, "value"), None
+    elif name == "torch.where" and len(call.args) == 3:
+        a, b = call.args[1], call.args[2]
+        if fold_constant(a) is not None and fold_constant(b) is None:
+            yield "torch.where", b, a, None
+        elif fold_constant(b) is not None and fold_constant(a) is None:
+            yield "torch.where", a, b, None
+    elif name in ("torch.full", "torch.full_like"):
+        dtype_node = call_arg(call, None, "dtype")
+        if name == "torch.full":
+            if dtype_node is None:
+                return  # torch's default float32 (or an integer dtype for an integer fill)
+            yield name, None, call_arg(call, 1, "fill_value"), ctx.dtype_of(dtype_node, scope)
+        else:
+            dtype = None if dtype_node is None else ctx.dtype_of(dtype_node, scope)
+            yield name, call_arg(call, 0, "input"), call_arg(call, 1, "fill_value"), dtype
+
+
+# Screens (each a literal or a regex that starts with one, so a file is scanned at memchr speed):
+# a float beyond 65504 (1e5.., 2**16.., 100000.0) or a named float limit; an integer beyond it only
+# matters as an explicit fp16 fill (torch.full / new_full); `t[i] = <big>` on one line.
+_BIG_EXPONENT = re.compile(rb"[0-9][eE]\+?[5-9]|[0-9][eE]\+?[0-9][0-9]")
+_BIG_POWER = re.compile(rb"\*\*\s*(?:1[6-9]|[2-9]\d|\d{3})")
+_BIG_INT_FILL = re.compile(rb"full\([^\n]*\b(?:6[5-9]\d{3}|[7-9]\d{4}|\d{6})")
+_INDEXED_BIG = re.compile(rb"\][ \t]*=[ \t]*[^\n]*(?:\d[eE]\+?(?:[5-9]|\d\d)|finfo|float_info|\*\*|\d{5})")
+
+
+@rule(code="AMP105", name="constant-outside-fp16-range",
+      summary="a constant outside the fp16 range written into a tensor that may be low precision",
+      needs=((_BIG_EXPONENT, _BIG_POWER, "0000.", "finfo", "float_info", _BIG_INT_FILL),
+             ("masked_fill", "fill_(", "where(", "full(", _INDEXED_BIG)))
+def amp105(ctx: FileContext) -> Iterator[Hit]:
+    if not ctx.imports_torch:
+        return  # numpy arrays and friends: not our concern
+    for scope in ctx.scopes:
+        for site in scope.calls:
+            for op, tensor, value, dtype in _fills(ctx, scope, site):
+                hit = _check_write(ctx, scope, op, tensor, value, dtype)
+                if hit:
+                    yield site.node, hit
+        for site in scope.assigns:  # scores[mask] = -1e9
+            stmt = site.node
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Subscript):
+                target = stmt.targets[0]
+                if not _may_be_tensor(ctx, target, scope):
+                    continue
+                hit = _check_write(ctx, scope, "indexed assignment", target.value, stmt.value, None)
+                if hit:
+                    yield stmt, hit
+
+
+_CONTAINERS = (ast.Dict, ast.List, ast.Set, ast.Tuple, ast.DictComp, ast.ListComp, ast.SetComp)
+
+
+def _may_be_tensor(ctx: FileContext, target: ast.Subscript, scope: Scope) -> bool:
+    # kwargs["max_value"] = ...: a string key indexes a mapping, never a tensor.
+    if isinstance(target.slice, ast.Constant) and isinstance(target.slice.value, str):
+        return False
+    value = ctx.value_of(target.value, scope)
+    if isinstance(value, _CONTAINERS):
+        return False
+    return not (isinstance(value, ast.Call) and last_name(value.func) in ("dict", "list", "defaultdict", "OrderedDict"))
+
+
+def _check_write(ctx: FileContext, scope: Scope, op: str, tensor: ast.expr | None,
+                 value: ast.expr | None, dtype: str | None) -> str | None:
+    if dtype is not None and dtype not in LOW:
+        return None
+    if dtype in LOW:
+        label, limit = _LIMITS[dtype]
+        const = _out_of_range(value, limit, ints=True)
+    else:
+        if not _may_be_low(ctx, scope, tensor):
+            return None
+        label, limit = _LIMITS["fp16"]
+        const = _out_of_range(value, limit, ints=False)
+    if const is None or value is None:
+        return None
+    text = ctx.segment(value)
+    return (f"{text} is outside the {label} range (±{limit:.6g}): {op} on a {label} tensor overflows "
+            "(an error, or ±inf that turns softmax into NaN); use torch.finfo(tensor.dtype).min / .max")
+
+
+_SOFTMAX = frozenset({"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"})
+_SIGMOID = frozenset({"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit"})
+
+
+def _strip_epsilon(node: ast.expr) -> ast.expr:
+    # log(p + 1e-8), log(p.clamp(min=eps)), log(torch.clamp(p, min=eps)): still a hand-written log-softmax.
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        if fold_constant(node.right) is not None or isinstance(node.right, ast.Name):
+            return node.left
+        if fold_constant(node.left) is not None:
+            return node.right
+    if isinstance(node, ast.Call) and last_name(node.func) in ("clamp", "clamp_min", "clip"):
+        if isinstance(node.func, ast.Attribute) and last_name(node.func.value) != "torch":
+            return node.func.value
+        if node.args:
+            return node.args[0]
+    return node
+
+
+def _probability_kind(ctx: FileContext, node: ast.expr, scope: Scope, depth: int = 0) -> str | None:
+    """``softmax`` / ``sigmoid`` when ``node`` is (bound to) such an output, else None."""
+    node = _strip_epsilon(node)
+    if isinstance(node, ast.Call):
+        name = ctx.qualname(node.func)
+        if name in _SOFTMAX:
+            return "softmax"
+        if name in _SIGMOID:
+            return "sigmoid"
+        if name is None and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "softmax":
+                return "softmax"
+            if node.func.attr == "sigmoid" and not node.args:
+                return "sigmoid"
+        return None
+    if depth < 2 and isinstance(node, ast.Name):
+        value = ctx.value_of(node, scope)
+        if value is not None:
+            return _probability_kind(ctx, value, scope, depth + 1)
+    return None
+
+
+def _log_operand(ctx: FileContext, call: ast.Call) -> ast.expr | None:
+    name = ctx.qualname(call.func)
+    if name == "torch.log" and len(call.args) == 1:
+        return call.args[0]
+    func = call.func
+    if name is None and isinstance(func, ast.Attribute) and func.attr == "log" and not call.args \
+            and not call.keywords:
+        return func.value
+    return None
+
+
+def _bce_input(ctx: FileContext, call: ast.Call, scope: Scope) -> ast.expr | None:
+    name = ctx.qualname(call.func)
+    if name == "torch.nn.functional.binary_cross_entropy":
+        return call_arg(call, 0, "input")
+    if isinstance(call.func, ast.Name | ast.Attribute) and name is None:
+        loss = ctx.value_of(call.func, scope)  # criterion = nn.BCELoss(); criterion(p, y)
+        if isinstance(loss, ast.Call) and last_name(loss.func) == "BCELoss":
+            return call_arg(call, 0, "input")
+    if isinstance(call.func, ast.Call) and last_name(call.func.func) == "BCELoss":  # nn.BCELoss()(p, y)
+        return call_arg(call, 0, "input")
+    return None
+
+
+@rule(code="AMP106", name="hand-written-log-softmax",
+      summary="log(softmax(x)) / log(sigmoid(x)) by hand, or binary_cross_entropy on a sigmoid output",
+      needs=(("softmax", "sigmoid", "expit"), ("log(", "binary_cross_entropy", "BCELoss")))
+def amp106(ctx: FileContext) -> Iterator[Hit]:
+    for scope in ctx.scopes:
+        for site in scope.calls:
+            call = site.node
+            assert isinstance(call, ast.Call)
+            operand = _log_operand(ctx, call)
+            if operand is not None:
+                kind = _probability_kind(ctx, operand, scope)
+                if kind == "softmax":
+                    yield call, ("log of a softmax underflows to -inf in low precision and is computed twice; "
+                                 "use torch.log_softmax(x, dim) / F.log_softmax")
+                elif kind == "sigmoid":
+                    yield call, ("log of a sigmoid underflows to -inf for large negative inputs; "
+                                 "use F.logsigmoid(x)")
+                continue
+            probs = _bce_input(ctx, call, scope)
+            if probs is not None and _probability_kind(ctx, probs, scope) == "sigmoid":
+                yield call, ("binary_cross_entropy on a sigmoid output saturates in low precision and is "
+                             "refused under autocast; pass the logits to "
+                             "F.binary_cross_entropy_with_logits / nn.BCEWithLogitsLoss")
+
+
+_FACTORIES = frozenset({
+    "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.tensor", "torch.as_tensor",
+    "torch.zeros_like", "torch.ones_like", "torch.empty_like", "torch.full_like",
+})
+_NEW_FACTORIES = frozenset({"new_zeros", "new_ones", "new_empty", "new_full", "new_tensor"})
+_CASTS = {"half": "fp16", "bfloat16": "bf16"}
+
+
+def _low_creation(ctx: FileContext, node: ast.expr | None, scope: Scope) -> str | None:
+    """``fp16`` / ``bf16`` when ``node`` creates a new tensor of that dtype, else None."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    name = ctx.qualname(func)
+    if name in _FACTORIES or (name is None and last_name(func) in _NEW_FACTORIES):
+        dtype = ctx.dtype_of(call_arg(node, None, "dtype"), scope)
+        return dtype if dtype in LOW else None
+    if isinstance(func, ast.Attribute) and _is_factory(ctx, func.value):
+        if func.attr in _CASTS and not node.args:
+            return _CASTS[func.attr]
+        if func.attr == "to":
+            dtype = ctx.dtype_of(call_arg(node, None, "dtype") or next(iter(node.args), None), scope)
+            return dtype if dtype in LOW else None
+    return None
+
+
+def _is_factory(ctx: FileContext, node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and (ctx.qualname(node.func) in _FACTORIES
+                                           or last_name(node.func) in _NEW_FACTORIES)
+
+
+def _is_accumulation(stmt: ast.AST, name: str) -> bool:
+    """``name += x`` / ``name -= x`` / ``name = name + x``."""
+    if isinstance(stmt, ast.AugAssign):
+        return isinstance(stmt.op, (ast.Add, ast.Sub)) and isinstance(stmt.target, ast.Name) \
+            and stmt.target.id == name
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target, value = stmt.targets[0], stmt.value
+        return (isinstance(target, ast.Name) and target.id == name and isinstance(value, ast.BinOp)
+                and isinstance(value.op, (ast.Add, ast.Sub)) and isinstance(value.left, ast.Name)
+                and value.left.id == name)
+    return False
+
+
+def _accumulations(scope: Scope, name: str) -> Iterator[tuple[ast.AST, Site]]:
+    for site in scope.assigns:
+        if _is_accumulation(site.node, name):
+            yield site.node, site
+    for site in scope.calls:
+        func = site.node.func  # type: ignore[attr-defined]
+        if isinstance(func, ast.Attribute) and func.attr in ("add_", "sub_") \
+                and isinstance(func.value, ast.Name) and func.value.id == name:
+            yield site.node, site
+
+
+# Screen: a factory with a 16-bit dtype on one line, or a name bound to a 16-bit dtype.
+_LOW_FACTORY = re.compile(rb"(?:zeros|ones|empty|full|tensor)(?:_like)?\([^\n]*(?:float16|bfloat16|half)")
+_LOW_DTYPE_BINDING = re.compile(rb"=[ \t]*torch\.(?:float16|half|bfloat16)\b")
+
+
+@rule(code="AMP114", name="low-precision-accumulator",
+      summary="a running accumulator kept in fp16/bf16 and updated in a loop",
+      needs=(("float16", "bfloat16", "half"), ("+=", "-=", "add_(", "sub_("), (_LOW_FACTORY, _LOW_DTYPE_BINDING)))
+def amp114(ctx: FileContext) -> Iterator[Hit]:
+    for scope in ctx.scopes:
+        for name, values in scope.bindings.items():
+            if "." in name or not any(_low_creation(ctx, v, scope) for v in values):
+                continue  # cheap filter first: the scans below are per candidate name
+            creations = [site for site in scope.assigns if isinstance(site.node, ast.Assign)
+                         and any(isinstance(t, ast.Name) and t.id == name for t in site.node.targets)]
+            updates = list(_accumulations(scope, name))
+            update_nodes = {id(node) for node, _ in updates}
+            # Every binding must be a low-precision creation or an accumulation; anything else
+            # (x = x.float(), a parameter, a loop variable) makes the dtype unknown.
+            creations = [s for s in creations if id(s.node) not in update_nodes]
+            if len(values) != len(creations) + sum(1 for n, _ in updates if isinstance(n, ast.Assign)):
+                continue
+            dtypes = {_low_creation(ctx, s.node.value, scope) for s in creations}  # type: ignore[attr-defined]
+            if len(dtypes) != 1 or None in dtypes:
+                continue
+            dtype = "float16" if dtypes == {"fp16"} else "bfloat16"
+            for node, site in updates:
+                if any(all(not c.inside(loop) for c in creations) for loop in site.loops()):
+                    yield node, (f"`{name}` is a {dtype} running sum updated in a loop: once the total is "
+                                 f"~{2 ** 11 if dtype == 'float16' else 2 ** 8}x an addend, additions round "
+                                 "away; accumulate in torch.float32 and cast once at the end")
+
+
+RULES = (amp105, amp106, amp114)

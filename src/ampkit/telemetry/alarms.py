@@ -1,0 +1,441 @@
+"""Alarms: rules over the step records, evaluated on the host at flush time (no extra sync).
+
+Each alarm is a frozen config (the rule's thresholds and the action) that builds a monitor
+holding the running state.  Rules and default thresholds (docs/telemetry.md justifies them):
+
+``ScaleCollapseAlarm`` (finding code ``SCALE_COLLAPSE``)
+    fires when ``consecutive_backoffs`` (default 10) steps in a row were skipped *and* backed
+    the loss scale off, or when a backoff takes the scale below ``min_scale`` (default 1.0).
+    An applied step resets the count.  The cause is classified from the steps of the streak:
+    ``"nonfinite_input"`` when a watched model saw an inf/NaN floating input,
+    ``"nonfinite_loss"`` when the loss itself was inf/NaN, else ``"gradient_overflow"``
+    (the backward overflows fp16 whatever the scale).
+``SkipRateAlarm``
+    fires when more than ``max_rate`` (default 5%) of the last ``window`` (default 100) steps
+    were skipped.  The leading run of skips while a dynamic scale calibrates is not counted,
+    unless no step at all is applied in the first ``window`` steps.
+``GradNormSpikeAlarm``
+    fires when an applied step's gradient norm (unscaled, before clipping) exceeds ``factor``
+    (default 10) times the median of the previous ``window`` (default 100) applied steps,
+    once at least ``min_history`` (default 20) norms are known.
+``LossNonFiniteAlarm``
+    fires when a step's loss is inf/NaN (finding code ``NONFINITE_INPUT`` when the inputs were
+    non-finite too).
+
+Every alarm fires once per episode and re-arms when its condition clears.  Actions:
+``"warn"`` (an ``AlarmWarning``), ``"stop"`` (raise ``TrainingStopped`` naming the alarm and its
+evidence, after the records were written to every sink), ``"doctor"`` (``engine.doctor.replay(reason=...)``
+when ``MixedPrecision(doctor=True)``, else a warning that the doctor is off).
+
+>>> monitor = LossNonFiniteAlarm(action="warn").monitor()
+>>> event = monitor.observe({"step": 3, "rank": 0, "loss": float("nan"), "loss_nonfinite": True,
+...                          "input_nonfinite": False, "skipped": True})
+>>> event.alarm, event.cause, event.code
+('LOSS_NONFINITE', 'nonfinite_loss', None)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from ampkit.diagnose.findings import CODES, Finding
+
+__all__ = [
+    "Alarm",
+    "AlarmAction",
+    "AlarmEvent",
+    "AlarmWarning",
+    "GradNormSpikeAlarm",
+    "LossNonFiniteAlarm",
+    "ScaleCollapseAlarm",
+    "SkipRateAlarm",
+    "TrainingStopped",
+    "default_alarms",
+]
+
+AlarmAction = Literal["warn", "stop", "doctor"]
+_ACTIONS = ("warn", "stop", "doctor")
+Record = dict[str, Any]
+
+
+class AlarmWarning(UserWarning):
+    """An alarm with action ``"warn"`` fired (escalate with ``warnings.simplefilter("error", AlarmWarning)``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlarmEvent:
+    """One firing of an alarm; ``to_dict()`` is what the records' ``"alarms"`` lists hold."""
+
+    alarm: str
+    """The alarm's name: ``SCALE_COLLAPSE``, ``SKIP_RATE``, ``GRAD_NORM_SPIKE``, ``LOSS_NONFINITE``."""
+    code: str | None
+    """The doctor finding code this event is evidence for (``SCALE_COLLAPSE``, ``NONFINITE_INPUT``), or None."""
+    step: int
+    """The optimizer step the alarm fired on."""
+    rank: int
+    """The distributed rank whose records fired it."""
+    action: AlarmAction
+    """What the telemetry does about it."""
+    message: str
+    """What happened, with the numbers."""
+    fix: str
+    """What to change."""
+    cause: str | None = None
+    """Classified cause, e.g. ``nonfinite_input``, ``nonfinite_loss``, ``gradient_overflow``."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """JSON-able measurements behind the event."""
+
+    @property
+    def reason(self) -> str:
+        """What the doctor's replay is asked to explain: the finding code, else the alarm name."""
+        return self.code or self.alarm
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_finding(self) -> Finding | None:
+        """The doctor ``Finding`` this event stands for, or None when it has no finding code."""
+        if self.code is None:
+            return None
+        return Finding(code=self.code, severity=CODES[self.code], message=self.message, fix=self.fix,
+                       step=self.step, evidence=dict(self.evidence))
+
+
+class TrainingStopped(RuntimeError):
+    """Raised by ``mp.step()`` (at a flush) when an alarm with ``action="stop"`` fired."""
+
+    def __init__(self, event: AlarmEvent) -> None:
+        self.event = event
+        evidence = json.dumps(event.evidence, default=str, allow_nan=True)
+        super().__init__(
+            f"training stopped by the {event.alarm} alarm at step {event.step} (rank {event.rank}): "
+            f"{event.message}. Fix: {event.fix}. Evidence: {evidence}"
+        )
+
+
+class Monitor:
+    """Running state of one alarm; ``observe`` is called with every record, in step order."""
+
+    def __init__(self, config: Alarm) -> None:
+        self.config = config
+        self.fired = False
+
+    def observe(self, record: Record) -> AlarmEvent | None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fired": self.fired}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.fired = bool(state.get("fired", False))
+
+    def _event(self, record: Record, **kw: Any) -> AlarmEvent:
+        return AlarmEvent(alarm=self.config.name, step=int(record["step"]), rank=int(record.get("rank", 0)),
+                          action=self.config.action, **kw)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alarm:
+    """Base of the alarm configs: the action taken when the rule fires."""
+
+    action: AlarmAction = "warn"
+    """``"warn"``, ``"stop"`` (raise ``TrainingStopped``) or ``"doctor"`` (replay the step)."""
+
+    name = "ALARM"
+
+    def __post_init__(self) -> None:
+        if self.action not in _ACTIONS:
+            raise ValueError(f"{type(self).__name__}(action={self.action!r}): use one of {list(_ACTIONS)}")
+
+    def monitor(self) -> Monitor:
+        raise NotImplementedError
+
+
+def _check(cls: str, name: str, value: float, ok: bool, want: str) -> None:
+    if not ok:
+        raise ValueError(f"{cls}({name}={value!r}): must be {want}")
+
+
+def _is_int(v: Any, lo: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _steps(records: list[Record], key: str) -> list[int]:
+    return [int(r["step"]) for r in records if r.get(key)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleCollapseAlarm(Alarm):
+    """Loss scale collapse: ``consecutive_backoffs`` backoffs in a row, or a backoff below ``min_scale``."""
+
+    consecutive_backoffs: int = 10
+    """Backoffs in a row that count as a collapse (from 2**16 that is a scale of 64)."""
+    min_scale: float = 1.0
+    """A backoff below this scale is a collapse at once (a scale < 1 shrinks the gradients)."""
+
+    name = "SCALE_COLLAPSE"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(type(self).__name__, "consecutive_backoffs", self.consecutive_backoffs,
+               _is_int(self.consecutive_backoffs, 1), "an int >= 1")
+        _check(type(self).__name__, "min_scale", self.min_scale, self.min_scale >= 0, ">= 0")
+
+    def monitor(self) -> Monitor:
+        return _ScaleCollapseMonitor(self)
+
+
+class _ScaleCollapseMonitor(Monitor):
+    config: ScaleCollapseAlarm
+
+    def __init__(self, config: ScaleCollapseAlarm) -> None:
+        super().__init__(config)
+        self.streak: list[Record] = []
+
+    def observe(self, record: Record) -> AlarmEvent | None:
+        backoff = bool(record["skipped"]) and record["next_scale"] < record["scale"]
+        if not record["skipped"]:
+            self.streak.clear()
+            self.fired = False
+            return None
+        if not backoff:
+            return None  # a skip the scaler's hysteresis tolerated: neither a backoff nor a reset
+        self.streak.append({k: record.get(k) for k in ("step", "scale", "next_scale", "loss_nonfinite",
+                                                       "input_nonfinite")})
+        cfg = self.config
+        below = record["next_scale"] < cfg.min_scale
+        if self.fired or not (len(self.streak) >= cfg.consecutive_backoffs or below):
+            return None
+        self.fired = True
+        return self._collapse(record, below)
+
+    def _collapse(self, record: Record, below: bool) -> AlarmEvent:
+        streak = self.streak
+        bad_inputs, bad_loss = _steps(streak, "input_nonfinite"), _steps(streak, "loss_nonfinite")
+        watched = any(r.get("input_nonfinite") is not None for r in streak)
+        first, last = streak[0], streak[-1]
+        what = (f"{len(streak)} consecutive backoffs took the loss scale from {first['scale']:g} to "
+                f"{last['next_scale']:g} (steps {first['step']}-{last['step']})")
+        if below:
+            what += f", below min_scale={self.config.min_scale:g}"
+        if bad_inputs:
+            cause = "nonfinite_input"
+            message = (f"{what}; the model's floating inputs held inf/NaN on steps {bad_inputs}, so every such "
+                       "step overflows whatever the scale: this is bad data, not fp16 range")
+            fix = ("drop or repair the non-finite samples (check torch.isfinite(batch).all() in the data "
+                   "pipeline); lowering the scale cannot help")
+        elif bad_loss:
+            cause = "nonfinite_loss"
+            inputs = "the inputs were finite" if watched else "the inputs were not watched (call mp.prepare(model))"
+            message = (f"{what}; the loss itself was inf/NaN on steps {bad_loss} while {inputs}: the forward "
+                       "pass or the loss overflows in low precision")
+            fix = ("name the op with MixedPrecision(..., doctor=True) or `ampkit doctor`; compute the loss in "
+                   "fp32 and keep the overflowing module in fp32 (keep_fp32=[...]), or train in bf16")
+        else:
+            cause = "gradient_overflow"
+            message = (f"{what}; the loss and the inputs were finite, so the backward pass overflows fp16 "
+                       "even at this scale")
+            fix = ("find the module with MixedPrecision(..., doctor=True); keep it in fp32 (keep_fp32=[...]) "
+                   "or train in bf16")
+        evidence = {
+            "consecutive_backoffs": len(streak), "first_step": first["step"], "last_step": last["step"],
+            "scale_before": first["scale"], "scale_after": last["next_scale"],
+            "nonfinite_input_steps": bad_inputs, "nonfinite_loss_steps": bad_loss, "inputs_watched": watched,
+        }
+        return self._event(record, code="SCALE_COLLAPSE", message=message, fix=fix, cause=cause, evidence=evidence)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "streak": [dict(r) for r in self.streak]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.streak = [dict(r) for r in state.get("streak", [])]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkipRateAlarm(Alarm):
+    """More than ``max_rate`` of the last ``window`` steps skipped."""
+
+    window: int = 100
+    """Steps the rate is measured over."""
+    max_rate: float = 0.05
+    """Highest tolerated fraction of skipped steps (a healthy dynamic scale skips ~1/growth_interval)."""
+
+    name = "SKIP_RATE"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(type(self).__name__, "window", self.window, _is_int(self.window, 1), "an int >= 1")
+        _check(type(self).__name__, "max_rate", self.max_rate, 0 <= self.max_rate < 1, "in [0, 1)")
+
+    def monitor(self) -> Monitor:
+        return _SkipRateMonitor(self)
+
+
+class _SkipRateMonitor(Monitor):
+    config: SkipRateAlarm
+
+    def __init__(self, config: SkipRateAlarm) -> None:
+        super().__init__(config)
+        self.calibrating = True
+        self.window: deque[tuple[int, bool, bool]] = deque(maxlen=config.window)
+
+    def observe(self, record: Record) -> AlarmEvent | None:
+        entry = (int(record["step"]), bool(record["skipped"]),
+                 bool(record.get("loss_nonfinite") or record.get("input_nonfinite")))
+        if self.calibrating and not record["skipped"]:
+            self.calibrating = False  # the leading skips were the dynamic scale calibrating
+            self.window.clear()
+        self.window.append(entry)
+        cfg = self.config
+        if len(self.window) < cfg.window:
+            return None
+        skipped = [s for s, sk, _ in self.window if sk]
+        rate = len(skipped) / len(self.window)
+        if rate <= cfg.max_rate:
+            self.fired = False
+            return None
+        if self.fired:
+            return None
+        self.fired = True
+        nonfinite = [s for s, sk, bad in self.window if sk and bad]
+        first = self.window[0][0]
+        if self.calibrating:
+            message = f"no step was applied in the first {len(self.window)} steps (steps {first}-{entry[0]})"
+        else:
+            message = (f"{len(skipped)} of the last {len(self.window)} steps were skipped "
+                       f"({rate:.1%} > max_rate={cfg.max_rate:.1%}, steps {first}-{entry[0]})")
+        if nonfinite:
+            cause = "nonfinite_data"
+            message += f"; the loss or inputs were inf/NaN on {len(nonfinite)} of them"
+            fix = "find the non-finite samples or op with MixedPrecision(..., doctor=True)"
+        else:
+            cause = "gradient_overflow"
+            fix = ("gradients overflow fp16 often: raise DynamicLossScaler(growth_interval=...) so the scale "
+                   "grows less eagerly, keep the overflowing module in fp32, or train in bf16")
+        evidence = {"skipped": len(skipped), "window": len(self.window), "rate": rate,
+                    "skipped_steps": skipped[-20:], "nonfinite_steps": nonfinite[-20:]}
+        return self._event(record, code=None, message=message, fix=fix, cause=cause, evidence=evidence)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "calibrating": self.calibrating, "window": [list(e) for e in self.window]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.calibrating = bool(state.get("calibrating", True))
+        self.window.clear()
+        self.window.extend((int(s), bool(k), bool(b)) for s, k, b in state.get("window", []))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradNormSpikeAlarm(Alarm):
+    """An applied step's gradient norm above ``factor`` x the running median."""
+
+    window: int = 100
+    """Applied steps in the running median."""
+    factor: float = 10.0
+    """How many times the median counts as a spike."""
+    min_history: int = 20
+    """Norms needed before the rule can fire."""
+
+    name = "GRAD_NORM_SPIKE"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        cls = type(self).__name__
+        _check(cls, "window", self.window, _is_int(self.window, 1), "an int >= 1")
+        _check(cls, "factor", self.factor, self.factor > 1, "> 1")
+        _check(cls, "min_history", self.min_history, _is_int(self.min_history, 1) and self.min_history <= self.window,
+               "an int in [1, window]")
+
+    def monitor(self) -> Monitor:
+        return _GradNormSpikeMonitor(self)
+
+
+class _GradNormSpikeMonitor(Monitor):
+    config: GradNormSpikeAlarm
+
+    def __init__(self, config: GradNormSpikeAlarm) -> None:
+        super().__init__(config)
+        self.history: deque[float] = deque(maxlen=config.window)
+
+    def observe(self, record: Record) -> AlarmEvent | None:
+        norm = record["grad_norm"]
+        if record["skipped"] or not math.isfinite(norm):
+            return None
+        cfg = self.config
+        event = None
+        if len(self.history) >= cfg.min_history:
+            median = statistics.median(self.history)
+            if median > 0 and norm > cfg.factor * median:
+                if not self.fired:
+                    self.fired = True
+                    ratio = norm / median
+                    event = self._event(
+                        record, code=None, cause="gradient_spike",
+                        message=(f"gradient norm {norm:.4g} is {ratio:.1f}x the running median {median:.4g} "
+                                 f"of the last {len(self.history)} applied steps (factor={cfg.factor:g})"),
+                        fix=("lower the learning rate or warm it up longer, clip gradients "
+                             "(MixedPrecision(clip_grad_norm=1.0)), and check the batch of this step"),
+                        evidence={"grad_norm": norm, "median": median, "ratio": ratio,
+                                  "history": len(self.history), "clip_coef": record.get("clip_coef")},
+                    )
+            else:
+                self.fired = False
+        self.history.append(norm)
+        return event
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.history.clear()
+        self.history.extend(float(v) for v in state.get("history", []))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossNonFiniteAlarm(Alarm):
+    """The loss of a step was inf/NaN."""
+
+    name = "LOSS_NONFINITE"
+
+    def monitor(self) -> Monitor:
+        return _LossNonFiniteMonitor(self)
+
+
+class _LossNonFiniteMonitor(Monitor):
+    def observe(self, record: Record) -> AlarmEvent | None:
+        if not record["loss_nonfinite"]:
+            self.fired = False
+            return None
+        if self.fired:
+            return None
+        self.fired = True
+        loss, step = record["loss"], record["step"]
+        if record.get("input_nonfinite"):
+            return self._event(
+                record, code="NONFINITE_INPUT", cause="nonfinite_input",
+                message=f"the loss was {loss} at step {step} and the model's floating inputs held inf/NaN",
+                fix="drop or repair the non-finite samples (check torch.isfinite(batch).all() in the data pipeline)",
+                evidence={"loss": loss, "skipped": record["skipped"]},
+            )
+        inputs = ("the inputs were finite" if record.get("input_nonfinite") is not None
+                  else "the inputs were not watched (call mp.prepare(model))")
+        return self._event(
+            record, code=None, cause="nonfinite_loss",
+            message=f"the loss was {loss} at step {step} while {inputs}",
+            fix=("name the overflowing op with MixedPrecision(..., doctor=True) or `ampkit doctor`; compute the "
+                 "loss in fp32"),
+            evidence={"loss": loss, "skipped": record["skipped"]},
+        )
+
+
+def default_alarms() -> list[Alarm]:
+    """The four alarms with their default thresholds, all with action ``"warn"``."""
+    return [ScaleCollapseAlarm(), SkipRateAlarm(), GradNormSpikeAlarm(), LossNonFiniteAlarm()]

@@ -1,0 +1,386 @@
+"""``Telemetry``: the engine hook that records step metrics on the device and flushes them.
+
+Data path of one optimizer step (all on the device, no host sync):
+
+1. ``on_backward`` adds the user's loss (unscaled, undivided) to a 3-slot accumulator and
+   counts it when inf/NaN; a forward pre-hook on each prepared model counts forward calls
+   whose floating inputs hold inf/NaN (``aminmax``: one read of the input);
+2. ``before_optimizer_step`` (gradients unscaled, clipped, not yet applied; on a skipped
+   fp16 step they still hold the inf/NaN) writes found_inf, the gradient norm, the clip
+   coefficient and the gradient element counts into the step's row;
+3. ``after_step`` writes the scale used and the scale after the update, then commits the row.
+
+Every ``flush_every`` steps the rows are read to the host with one copy (the one sync), turned
+into records (plain dicts), checked by the alarms, written to the sinks, and the alarms'
+actions run.  Between flushes nothing reaches the host, so alarms react up to
+``flush_every - 1`` steps late: lower ``flush_every`` to react sooner, at one sync per flush.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ampkit.engine import EngineHook, MixedPrecision, StepResult
+from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
+from ampkit.telemetry.metrics import COL, GradCounter, MetricBuffer, ModuleAbsmax
+from ampkit.telemetry.sinks import CallbackSink, Sink, SinkFailedWarning
+
+__all__ = ["Telemetry"]
+
+
+@dataclass
+class _StepMeta:
+    """Host-side facts of a row, known without reading the device."""
+
+    step: int
+    losses: int
+    numel: int
+    lr: float | None
+    watched: bool
+    module_slot: int | None = None
+    module_names: list[str] | None = None
+    module_present: list[int] | None = None
+
+
+class Telemetry(EngineHook):
+    """On-device step metrics, sinks and alarms for a ``MixedPrecision`` engine.
+
+    Args:
+        sinks: ``Sink`` objects (``JsonlSink``, ``TensorBoardSink``, ``ProgressSink``,
+            ``CallbackSink``); a plain callable is wrapped in a ``CallbackSink``.
+        flush_every: steps between flushes (each flush is one device-to-host copy).
+        module_absmax_every: sample per-module gradient absmax on steps 1, 1+K, 1+2K, ... (0: off).
+        alarms: ``Alarm`` configs; None gives ``default_alarms()`` (all "warn"), ``()`` none.
+        watch_inputs: count inf/NaN floating inputs of the prepared models (a forward pre-hook).
+
+    Each record is a plain dict: ``step``, ``rank``, ``loss``, ``loss_nonfinite``, ``scale``,
+    ``next_scale``, ``skipped``, ``grad_norm``, ``clip_coef``, ``nonfinite_grads``,
+    ``zero_grad_fraction``, ``lr``, ``input_nonfinite`` (None when no model is watched), plus
+    ``module_grad_absmax`` on sampled steps and ``alarms`` on steps where one fired.
+
+    >>> import ampkit, torch
+    >>> records = []
+    >>> tel = Telemetry(sinks=[records.append], flush_every=2)
+    >>> model = torch.nn.Linear(4, 1)
+    >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    >>> mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=tel)
+    >>> _ = mp.prepare(model)
+    >>> for _ in range(3):
+    ...     with mp.autocast():
+    ...         loss = model(torch.ones(2, 4)).float().pow(2).mean()
+    ...     mp.backward(loss)
+    ...     _ = mp.step(opt)
+    >>> [r["step"] for r in records]
+    [1, 2]
+    >>> tel.close()
+    >>> [r["step"] for r in records], records[0]["skipped"], records[0]["lr"]
+    ([1, 2, 3], False, 0.001)
+    """
+
+    def __init__(
+        self,
+        sinks: Sequence[Any] = (),
+        *,
+        flush_every: int = 50,
+        module_absmax_every: int = 0,
+        alarms: Sequence[Alarm] | None = None,
+        watch_inputs: bool = True,
+    ) -> None:
+        if not (isinstance(flush_every, int) and not isinstance(flush_every, bool) and flush_every >= 1):
+            raise ValueError(f"Telemetry(flush_every={flush_every!r}): must be an int >= 1 (steps between flushes)")
+        if not (isinstance(module_absmax_every, int) and module_absmax_every >= 0):
+            raise ValueError(f"Telemetry(module_absmax_every={module_absmax_every!r}): must be an int >= 0 (0 = off)")
+        self.flush_every = flush_every
+        self.module_absmax_every = module_absmax_every
+        self.watch_inputs = watch_inputs
+        if isinstance(sinks, Sink) or callable(sinks):
+            sinks = [sinks]
+        self.sinks: list[Sink] = [_as_sink(s) for s in sinks]
+        alarm_list = default_alarms() if alarms is None else list(alarms)
+        for a in alarm_list:
+            if not isinstance(a, Alarm):
+                raise TypeError(f"Telemetry(alarms=[..., {a!r}]): each alarm must be an ampkit.telemetry Alarm "
+                                "such as ScaleCollapseAlarm(action='stop')")
+        self.alarms = alarm_list
+        self.monitors: list[Monitor] = [a.monitor() for a in alarm_list]
+        self.engine: MixedPrecision | None = None
+        self._closed = False
+        self._meta: list[_StepMeta] = []
+        self._pending: _StepMeta | None = None
+        self._watched: dict[int, Any] = {}
+        self._n_models = 0
+        self._losses = 0
+
+    # -- binding -------------------------------------------------------------------------------
+    def bind(self, engine: MixedPrecision) -> Telemetry:
+        """Attach to ``engine`` (done by ``MixedPrecision(telemetry=...)``); allocates the device buffers."""
+        if self.engine is engine:
+            return self
+        if self.engine is not None:
+            raise ValueError("this Telemetry is already attached to another MixedPrecision engine; "
+                             "build one Telemetry per engine")
+        self.engine = engine
+        device = engine.device
+        self.buffer = MetricBuffer(device, self.flush_every)
+        self._acc = torch.zeros(3, dtype=self.buffer.dtype, device=device)
+        self._nan = torch.full((), math.nan, dtype=torch.float32, device=device)
+        self._one = torch.ones((), dtype=torch.float32, device=device)
+        self._counter = GradCounter(device)
+        self._modules = ModuleAbsmax(device)
+        self._watch_new_models()
+        return self
+
+    def _watch_new_models(self) -> None:
+        engine = self.engine
+        if engine is None or not self.watch_inputs or len(engine.models) == self._n_models:
+            return
+        self._n_models = len(engine.models)
+        for model in engine.models:
+            if id(model) not in self._watched:
+                self._watched[id(model)] = model.register_forward_pre_hook(self._check_inputs, with_kwargs=True)
+
+    def _check_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._closed or not torch.is_grad_enabled():
+            return  # evaluation forwards are not part of the step
+        for t in _floating_tensors(args, kwargs):
+            # min and max in one read; either is inf/NaN iff an element is.
+            bounds = torch.stack(torch.aminmax(t.detach().reshape(-1)))
+            self._acc[2].add_(torch.isfinite(bounds).all().logical_not())
+
+    # -- engine hooks (hot path: no host sync) ---------------------------------------------------
+    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
+        if not self._closed:
+            self.bind(engine)
+            self._watch_new_models()
+
+    def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
+        if self._closed:
+            return
+        self.bind(engine)
+        self._watch_new_models()
+        value = loss.detach()
+        value = value.reshape(()) if value.numel() == 1 else value.float().mean()
+        self._acc[0].add_(value)
+        self._acc[1].add_(torch.isfinite(value).logical_not())
+        self._losses += 1
+
+    def before_optimizer_step(self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer],
+                              found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        if self._closed:
+            return
+        self.bind(engine)
+        r = len(self._meta)
+        params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]
+                  if p.grad is not None and p.grad.numel()]
+        grads = [_local(p.grad) for p in params if p.grad is not None]
+        zeros, nonfinite = self._counter.count(grads)
+        norm = self._nan if grad_norm is None else grad_norm
+        if engine.clip_grad_norm is not None:
+            clip = torch.clamp(engine.clip_grad_norm / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ formula
+        else:
+            clip = self._one
+        row = self.buffer.data[r]
+        row[COL["loss_sum"]:COL["found_inf"]].copy_(self._acc)
+        row[COL["found_inf"]:COL["nonfinite_grads"]].copy_(torch.stack([found_inf, norm, clip]))
+        row[COL["nonfinite_grads"]:COL["scale"]].copy_(torch.stack([nonfinite, zeros]))
+        self._acc.zero_()
+        lr = optimizers[0].param_groups[0].get("lr", math.nan) if optimizers else math.nan
+        if isinstance(lr, torch.Tensor):
+            row[COL["lr"]].copy_(lr, non_blocking=True)
+            lr = None
+        step = engine.optimizer_steps + 1
+        meta = _StepMeta(step=step, losses=self._losses, numel=sum(g.numel() for g in grads),
+                         lr=None if lr is None else float(lr), watched=bool(self._watched))
+        self._losses = 0
+        every = self.module_absmax_every
+        if every and (step - 1) % every == 0 and grads:
+            slot = sum(1 for m in self._meta if m.module_slot is not None)
+            values, present = self._modules.compute(params, grads, engine.models)
+            self.buffer.module_row(slot, len(values))[: len(values)].copy_(values)
+            meta.module_slot, meta.module_names, meta.module_present = slot, self._modules.names, present
+        self._pending = meta
+
+    def after_step(self, engine: MixedPrecision, result: StepResult,
+                   optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        if self._closed or self._pending is None:
+            return
+        row = self.buffer.data[len(self._meta)]
+        used = result.scale if result.scale is not None else self._one
+        row[COL["scale"]:COL["lr"]].copy_(torch.stack([used, engine.scale]))
+        self._meta.append(self._pending)
+        self._pending = None
+        if len(self._meta) >= self.flush_every:
+            self.flush()
+
+    # -- flushing ------------------------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Steps recorded on the device and not yet flushed."""
+        return len(self._meta)
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Read the pending rows (one host sync), run the alarms, write the sinks; return the records."""
+        metas = self._meta
+        if not metas:
+            return []
+        slots = sum(1 for m in metas if m.module_slot is not None)
+        steps, modules = self.buffer.read(len(metas), slots)
+        self._meta = []
+        rank = _rank()
+        records = [_record(meta, values, rank, modules) for meta, values in zip(metas, steps)]
+        events: list[AlarmEvent] = []
+        for rec in records:
+            fired = [e for e in (m.observe(rec) for m in self.monitors) if e is not None]
+            if fired:
+                rec["alarms"] = [e.to_dict() for e in fired]
+                events.extend(fired)
+        for sink in list(self.sinks):
+            if sink.rank_zero_only and rank != 0:
+                continue
+            if self._guard(sink, "write", sink.write, records):
+                for e in events:
+                    if not self._guard(sink, "alarm", sink.alarm, e.to_dict()):
+                        break
+        self._act(events)
+        return records
+
+    def _guard(self, sink: Sink, what: str, fn: Any, arg: Any) -> bool:
+        try:
+            fn(arg)
+            return True
+        except Exception as e:  # a sink must never end training
+            self.sinks.remove(sink)
+            warnings.warn(
+                f"telemetry sink {sink!r} failed in {what}() with {type(e).__name__}: {e}; it is disabled for the "
+                "rest of the run and training continues (the other sinks still record)",
+                SinkFailedWarning, stacklevel=2,
+            )
+            with contextlib.suppress(Exception):  # it already failed; the warning above says so
+                sink.close()
+            return False
+
+    def _act(self, events: list[AlarmEvent]) -> None:
+        stop: AlarmEvent | None = None
+        for e in events:
+            text = f"{e.alarm} at step {e.step}: {e.message}. Fix: {e.fix}"
+            if e.action == "stop":
+                stop = stop or e
+            elif e.action == "doctor":
+                doctor = getattr(self.engine, "doctor", None)
+                if doctor is None:
+                    warnings.warn(f"{text}. (The alarm asked for the doctor, but it is off: build "
+                                  "MixedPrecision(..., doctor=True) to replay the step instrumented.)",
+                                  AlarmWarning, stacklevel=3)
+                    continue
+                try:
+                    doctor.replay(reason=e.reason)
+                except Exception as ex:  # the doctor's failure must not end training either
+                    warnings.warn(f"{text}. The doctor's replay failed with {type(ex).__name__}: {ex}",
+                                  AlarmWarning, stacklevel=3)
+            else:
+                warnings.warn(text, AlarmWarning, stacklevel=3)
+        if stop is not None:
+            raise TrainingStopped(stop)
+
+    def close(self) -> None:
+        """Flush what is pending, close the sinks, remove the input hooks.  Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            for sink in list(self.sinks):
+                self._guard(sink, "close", _close, sink)
+            for handle in self._watched.values():
+                handle.remove()
+            self._watched.clear()
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The alarms' running state (windows, streaks), so a resumed run keeps its baselines."""
+        return {"alarms": [{"name": a.name, "state": m.state_dict()} for a, m in zip(self.alarms, self.monitors)]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("alarms", [])
+        for i, (a, m) in enumerate(zip(self.alarms, self.monitors)):
+            if i < len(saved) and saved[i].get("name") == a.name:
+                m.load_state_dict(saved[i]["state"])
+
+    def __repr__(self) -> str:
+        return (f"Telemetry(sinks={self.sinks!r}, flush_every={self.flush_every}, "
+                f"module_absmax_every={self.module_absmax_every}, alarms={[a.name for a in self.alarms]})")
+
+
+def _record(meta: _StepMeta, v: list[float], rank: int, modules: list[list[float]]) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "step": meta.step,
+        "rank": rank,
+        "loss": v[COL["loss_sum"]] / meta.losses if meta.losses else math.nan,
+        "loss_nonfinite": v[COL["loss_nonfinite"]] > 0,
+        "scale": v[COL["scale"]],
+        "next_scale": v[COL["next_scale"]],
+        "skipped": v[COL["found_inf"]] > 0,
+        "grad_norm": v[COL["grad_norm"]],
+        "clip_coef": v[COL["clip_coef"]],
+        "nonfinite_grads": int(v[COL["nonfinite_grads"]]),
+        "zero_grad_fraction": v[COL["zero_grads"]] / meta.numel if meta.numel else math.nan,
+        "lr": meta.lr if meta.lr is not None else v[COL["lr"]],
+        "input_nonfinite": v[COL["input_nonfinite"]] > 0 if meta.watched else None,
+    }
+    if meta.module_slot is not None and meta.module_names is not None and meta.module_present is not None:
+        row = modules[meta.module_slot]
+        rec["module_grad_absmax"] = {meta.module_names[j]: row[j] for j in meta.module_present}
+    return rec
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    # A sharded (FSDP2 DTensor) gradient is counted through this rank's shard: operating on the
+    # DTensor itself would run collectives (a sync) in the hot path.
+    to_local = getattr(grad, "to_local", None)
+    if to_local is None:
+        return grad
+    with torch.no_grad():
+        return to_local()  # type: ignore[no-any-return]
+
+
+def _close(sink: Sink) -> None:
+    sink.close()
+
+
+def _rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_rank())
+    return 0
+
+
+def _as_sink(obj: Any) -> Sink:
+    if isinstance(obj, Sink):
+        return obj
+    if callable(obj):
+        return CallbackSink(obj)
+    raise TypeError(f"Telemetry(sinks=[..., {obj!r}]): a sink must be an ampkit.telemetry Sink (JsonlSink, "
+                    "TensorBoardSink, ProgressSink, CallbackSink) or a callable taking one record")
+
+
+def _floating_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Floating tensors among the positional and keyword inputs, one container level deep."""
+    found: list[torch.Tensor] = []
+    for obj in (*args, *kwargs.values()):
+        items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else (obj,)
+        found.extend(t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel())
+    return found

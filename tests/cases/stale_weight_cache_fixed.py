@@ -1,0 +1,20 @@
+"""Fixed variant of stale_weight_cache.py: one autocast region per step, around forward and loss only."""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+chars, labels = torch.randint(0, 30, (96, 12)), torch.randint(0, 3, (96,))
+model = nn.Sequential(nn.Embedding(30, 16), nn.Flatten(), nn.Linear(16 * 12, 32), nn.ReLU(),
+                      nn.Linear(32, 3)).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+
+for step in range(6):
+    x, y = chars[step * 16:(step + 1) * 16].to(device), labels[step * 16:(step + 1) * 16].to(device)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+print(f"loss {loss.item():.4f}")

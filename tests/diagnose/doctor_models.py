@@ -1,0 +1,137 @@
+"""Small models with known precision failures, shared by the doctor tests (fp16 models stay tiny:
+fp16 has no fast path on this CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """A hand-written RMSNorm without the fp32 upcast: x*x overflows fp16 once |x| > 256."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = (x * x).mean(-1, keepdim=True)  # LINE: rmsnorm-square
+        return x * torch.rsqrt(var + 1e-6) * self.weight
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.norm = RMSNorm(d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.out(self.norm(self.fc(x)))
+
+
+class NormNet(nn.Module):
+    """Blocks of Linear -> RMSNorm -> Linear; ``hot`` blocks get weights that overflow the norm."""
+
+    def __init__(self, d: int = 16, n: int = 2, hot: tuple[int, ...] = (1,)) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 1)
+        with torch.no_grad():
+            for i in hot:
+                self.blocks[i].fc.weight.mul_(300.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class Attention(nn.Module):
+    """Self-attention written out by hand; ``scale_first`` divides q by sqrt(d) before the matmul."""
+
+    def __init__(self, d: int, scale_first: bool = False) -> None:
+        super().__init__()
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        self.scale_first = scale_first
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        d = q.shape[-1]
+        if self.scale_first:
+            q = q / math.sqrt(d)
+        scores = q @ k.transpose(-2, -1)  # LINE: attention-logits
+        if not self.scale_first:
+            scores = scores / math.sqrt(d)
+        if mask is not None:
+            scores = scores + mask
+        return torch.softmax(scores, dim=-1) @ v
+
+
+class AttnNet(nn.Module):
+    def __init__(self, d: int = 8, scale_first: bool = False) -> None:
+        super().__init__()
+        self.attn = Attention(d, scale_first)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.attn(x, mask))
+
+
+class MaskedAttnNet(nn.Module):
+    """Adds a causal and a padding mask, each filled with fp16's most negative finite value."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+        self.attn = MaskedAttention(d)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attn(self.proj(x), pad))
+
+
+class MaskedAttention(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.qk = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        scores = self.qk(x) @ x.transpose(-2, -1)
+        lowest = torch.finfo(scores.dtype).min
+        causal = torch.triu(torch.full((t, t), lowest, dtype=scores.dtype), diagonal=1)
+        padding = pad[:, None, :].to(scores.dtype) * lowest
+        mask = causal + padding  # LINE: mask-sum
+        return torch.softmax(scores + mask, dim=-1) @ x
+
+
+def line_of(path: str, tag: str) -> int:
+    """The line number of the source line carrying ``# LINE: tag``."""
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if f"# LINE: {tag}" in line:
+                return i
+    raise LookupError(tag)
+
+
+def fp16_run(x: torch.Tensor, *extra: torch.Tensor):
+    def run(model: nn.Module) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x, *extra)
+        return out.float().pow(2).mean()
+
+    return run
+
+
+def bf16_run(x: torch.Tensor, *extra: torch.Tensor):
+    def run(model: nn.Module) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x, *extra)
+        return out.float().pow(2).mean()
+
+    return run

@@ -1,0 +1,88 @@
+"""diagnose_task on small Task objects, and the measured SLOW_LOW_PRECISION check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit.diagnose.findings import Finding
+from ampkit.diagnose.perf import low_precision_speed
+from ampkit.diagnose.task import diagnose_task, merge_findings
+from ampkit.precision import cpu_has_fast_fp16
+from ampkit.tasks.gpt import GPT, GPTConfig
+
+
+class TinyGPTTask:
+    name = "tiny-gpt"
+
+    def build_model(self, seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return GPT(GPTConfig(n_layer=1, d_model=32, n_head=2, block_size=16))
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def batches(self, seed: int, device: torch.device) -> Iterator[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            yield torch.randint(0, 256, (2, 17), generator=g).to(device)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return GPT.loss(model(batch[:, :-1]), batch[:, 1:])
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        return {}
+
+
+class NanDataTask(TinyGPTTask):
+    name = "nan-data"
+
+    def build_model(self, seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def batches(self, seed: int, device: torch.device) -> Iterator[torch.Tensor]:
+        for i in range(10):
+            x = torch.randn(3, 4)
+            if i == 2:
+                x[1, 1] = float("nan")
+            yield x
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return model(batch).float().pow(2).mean()
+
+
+def test_task_healthy_task_has_no_findings() -> None:
+    result = diagnose_task(TinyGPTTask(), "bf16", steps=3, check_speed=False)
+    assert result.findings == []
+    assert result.environment is not None and result.environment["task"] == "tiny-gpt"
+    assert "blocks.0.attn" in result.module_headroom
+
+
+def test_task_failing_step_is_replayed_and_reported() -> None:
+    result = diagnose_task(NanDataTask(), "bf16", steps=5, check_speed=False)
+    (f,) = result.findings
+    assert (f.code, f.step, f.module) == ("NONFINITE_INPUT", 3, "0")
+
+
+def test_task_rejects_negative_steps() -> None:
+    with pytest.raises(ValueError, match="steps"):
+        diagnose_task(TinyGPTTask(), "bf16", steps=-1)
+
+
+def test_task_merge_findings_collects_steps() -> None:
+    a = Finding(code="FORWARD_NAN", severity="error", message="m", fix="f", module="x", step=2)
+    b = Finding(code="FORWARD_NAN", severity="error", message="m2", fix="f", module="x", step=5)
+    (merged,) = merge_findings([a, b])
+    assert merged.evidence["steps"] == [2, 5] and merged.message == "m"
+
+
+@pytest.mark.skipif(cpu_has_fast_fp16(), reason="this CPU has fp16 matrix units")
+def test_perf_fp16_on_this_cpu_is_measured_slow() -> None:
+    f = low_precision_speed("fp16", "cpu")
+    assert f is not None and f.code == "SLOW_LOW_PRECISION"
+    assert f.evidence["ratio_vs_fp32"] < 0.9
+    assert f.evidence["tflops"]["fp16"] < f.evidence["tflops"]["fp32"]

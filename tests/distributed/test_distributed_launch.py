@@ -1,0 +1,89 @@
+"""launch_torchrun and scaling_efficiency, and errors raised before any process group exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _dist_testlib import launch
+
+import ampkit
+import ampkit.distributed as ad
+
+
+def test_distributed_scaling_efficiency_strong_and_weak():
+    assert ad.scaling_efficiency(10.0, 5.0, 2) == 1.0
+    assert ad.scaling_efficiency(10.0, 6.25, 2) == 0.8
+    assert ad.scaling_efficiency(10.0, 10.0, 8, scaling="weak") == 1.0
+    assert ad.scaling_efficiency(10.0, 20.0, 8, scaling="weak") == 0.5
+    assert ad.scaling_efficiency(3.0, 3.0, 1) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "needle"),
+    [
+        ((0.0, 1.0, 2), {}, "t1"),
+        ((1.0, float("nan"), 2), {}, "tN"),
+        ((1.0, 1.0, 0), {}, "n=0"),
+        ((1.0, 1.0, 2), {"scaling": "linear"}, "strong"),
+    ],
+)
+def test_distributed_scaling_efficiency_rejects_bad_input(args, kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        ad.scaling_efficiency(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("nproc", "module", "timeout", "needle"),
+    [
+        (0, "pkg.train", 10.0, "nproc"),
+        (2, "train.py", 10.0, "importable module"),
+        (2, "pkg/train", 10.0, "importable module"),
+        (2, "pkg.train", 0, "timeout"),
+    ],
+)
+def test_distributed_launch_torchrun_rejects_bad_arguments(nproc, module, timeout, needle):
+    with pytest.raises(ValueError, match=needle):
+        ad.launch_torchrun(nproc, module, [], timeout)
+
+
+def test_distributed_setup_without_process_group_says_how_to_start_one():
+    mp = ampkit.MixedPrecision("bf16", device="cpu")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ad.setup(mp)
+
+
+def test_distributed_public_names_resolve():
+    assert sorted(ad.__all__) == sorted(ad._LAZY)
+    for name in ad.__all__:
+        assert getattr(ad, name) is not None
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+def test_distributed_launch_torchrun_timeout_kills_every_process(tmp_path):
+    result = launch("dist_sleeper", [], tmp_path, timeout=20.0)
+    assert result.timed_out and not result.ok
+    pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]  # both workers had started
+    for rank, pid in enumerate(pids):
+        assert "started" in result.ranks[rank].stdout
+        assert not _running(pid), f"rank {rank} (pid {pid}) outlived the timeout"
+    assert result.wall_s < 20.0 + 2 * 10.0 + 5.0
+    assert "timed out" in result.describe()
+
+
+@pytest.mark.slow
+def test_distributed_launch_torchrun_reports_each_rank_exit_code(kill_and_resume):
+    killed, resumed, _, _ = kill_and_resume
+    assert resumed.exit_codes == [0, 0] and resumed.ok
+    assert killed.exit_codes[1] == -9 and killed.ranks[1].signal == "SIGKILL"
+    assert "SIGKILL while writing shards" in killed.ranks[1].stdout
+    assert not killed.ok and "rank 1: SIGKILL" in killed.describe()

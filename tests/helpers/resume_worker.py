@@ -1,0 +1,72 @@
+"""Training process for the kill -9 resume test.
+
+    python resume_worker.py --steps N --out params.pt [--ckpt PATH] [--resume] [--hang]
+
+Trains a small fp16 model with dropout (RNG), gradient accumulation (mid-window saves) and a
+fast-growing dynamic loss scale (scaler state), saving a checkpoint after every micro-batch when
+--ckpt is given.  With --hang it keeps running after the last step so the test can SIGKILL it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import ampkit
+
+
+def build():
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.GELU(), nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+    mp = ampkit.MixedPrecision(
+        "fp16", device="cpu", grad_accumulation=2, clip_grad_norm=1.0,
+        scaler=ampkit.DynamicLossScaler(init_scale=2.0**10, growth_interval=3),
+    )
+    mp.prepare(model)
+    return model, opt, sched, mp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, required=True, help="micro-batches to run in total")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ckpt")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--hang", action="store_true")
+    args = ap.parse_args()
+    model, opt, sched, mp = build()
+    start = 0
+    if args.resume:
+        extra = ampkit.load_checkpoint(args.ckpt, model=model, optimizer=opt, engine=mp, scheduler=sched)
+        start = int(extra["micro_batches_done"])
+    for i in range(start, args.steps):
+        # Data from the global RNGs, so a resumed run only matches if they were restored.
+        x = torch.randn(4, 8) + float(np.random.rand()) + random.random()
+        y = torch.randint(0, 4, (4,))
+        with mp.autocast():
+            loss = F.cross_entropy(model(x), y)
+        mp.backward(loss)
+        result = mp.step(opt)
+        mp.scheduler_step(sched, result)
+        if args.ckpt:
+            ampkit.save_checkpoint(args.ckpt, model=model, optimizer=opt, engine=mp, scheduler=sched,
+                                   extra={"micro_batches_done": i + 1})
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "engine": mp.state_dict(),
+                "lr": sched.get_last_lr()}, args.out)
+    print("done", flush=True)
+    while args.hang:
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Tiny models and a training step for the telemetry tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import ampkit
+
+
+class TinyRegressor(nn.Module):
+    """Embedding rows that a batch never indexes get exactly-zero gradients (the zero fraction)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return self.body(torch.cat([x, self.emb(idx)], dim=-1))
+
+
+def train_step(mp: ampkit.MixedPrecision, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+               idx: torch.Tensor, y: torch.Tensor, *, loss_fn: Callable[..., torch.Tensor] | None = None
+               ) -> ampkit.StepResult:
+    with mp.autocast():
+        out = model(x, idx)
+        loss = loss_fn(out, y) if loss_fn is not None else (out.float() - y).pow(2).mean()
+    mp.backward(loss)
+    return mp.step(opt)
+
+
+def batch(n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features, embedding indices drawn from rows 0-4 only (rows 5-9 get zero grads), targets."""
+    return torch.randn(n, 4), torch.randint(0, 5, (n,)), torch.randn(n, 1)

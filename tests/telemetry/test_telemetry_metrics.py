@@ -1,0 +1,96 @@
+"""The on-device reductions: exact counts across chunk boundaries and dtypes, module naming, input watch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from telemetry_helpers import batch, train_step
+
+import ampkit
+from ampkit.telemetry import Telemetry
+from ampkit.telemetry.metrics import GradCounter, MetricBuffer, ModuleAbsmax, _plan_chunks
+
+
+def _grads_with_specials(dtype: torch.dtype) -> list[torch.Tensor]:
+    grads = [torch.randn(n, dtype=dtype) for n in (1, 7, 64, 1000, 3)]
+    for g in grads:
+        g[::3] = 0.0
+    transposed = torch.randn(5, 6, dtype=dtype).t()  # not contiguous
+    transposed[:, 0] = 0.0
+    transposed[1, 2] = math.nan
+    grads.append(transposed)
+    grads[3][::7] = math.nan
+    grads[3][5] = math.inf
+    grads[2][-1] = -math.inf
+    grads[1][0] = -0.0
+    grads[0][0] = 1e-40 if dtype != torch.float16 else 1e-7  # subnormal: not zero
+    return grads
+
+
+@pytest.mark.parametrize("workspace", [1, 5, 30, 64, 1 << 18])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_telemetry_metrics_counts_are_exact_across_chunks(workspace: int, dtype: torch.dtype) -> None:
+    grads = _grads_with_specials(dtype)
+    zeros, nonfinite = GradCounter(torch.device("cpu"), workspace_elements=workspace).count(grads)
+    assert float(zeros) == sum(int((g == 0).sum()) for g in grads)
+    assert float(nonfinite) == sum(int((~torch.isfinite(g)).sum()) for g in grads)
+
+
+def test_telemetry_metrics_counts_mixed_dtypes_and_nothing() -> None:
+    counter = GradCounter(torch.device("cpu"), workspace_elements=16)
+    grads = _grads_with_specials(torch.float32) + _grads_with_specials(torch.bfloat16)
+    zeros, nonfinite = counter.count(grads)
+    assert float(zeros) == sum(int((g == 0).sum()) for g in grads)
+    assert float(nonfinite) == sum(int((~torch.isfinite(g)).sum()) for g in grads)
+    assert [float(c) for c in counter.count([])] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="workspace_elements"):
+        GradCounter(torch.device("cpu"), workspace_elements=1 << 25)
+
+
+def test_telemetry_metrics_chunk_plan_covers_every_element_once() -> None:
+    numels = [5, 1, 17, 0, 4, *([3] * 10)]
+    for cap in (1, 3, 4, 16, 100):
+        plan = _plan_chunks(numels, cap)
+        assert all(sum(b - a for _, a, b in chunk) <= cap for chunk in plan)
+        covered = sorted((i, k) for chunk in plan for i, a, b in chunk for k in range(a, b))
+        assert covered == [(i, k) for i, n in enumerate(numels) for k in range(n)]
+
+
+def test_telemetry_metrics_module_names_root_and_unnamed() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model.register_parameter("scale", torch.nn.Parameter(torch.ones(2)))
+    stray = torch.nn.Parameter(torch.ones(1))
+    params = [*model.parameters(), stray]
+    grads = [torch.full_like(p, float(i + 1)) for i, p in enumerate(params)]
+    grads[1][0] = -7.0
+    absmax = ModuleAbsmax(torch.device("cpu"))
+    values, present = absmax.compute(params, grads, [model])
+    named = {absmax.names[j]: float(values[j]) for j in present}
+    assert named == {"(root)": 1.0, "0": 7.0, "(unnamed)": 4.0}  # parameters() lists own params first
+
+
+def test_telemetry_metrics_buffer_module_rows_grow_on_device() -> None:
+    buf = MetricBuffer(torch.device("cpu"), rows=4)
+    buf.module_row(0, 2).copy_(torch.tensor([1.0, 2.0], dtype=buf.dtype))
+    buf.module_row(5, 3)[:3].copy_(torch.tensor([3.0, 4.0, 5.0], dtype=buf.dtype))
+    steps, modules = buf.read(0, 6)
+    assert steps == [] and modules[0][:2] == [1.0, 2.0] and modules[5] == [3.0, 4.0, 5.0]
+
+
+def test_telemetry_metrics_input_watch_ignores_evaluation_forwards(tiny: torch.nn.Module) -> None:
+    records: list[dict] = []
+    tel = Telemetry(sinks=[records.append], flush_every=2, alarms=())
+    opt = torch.optim.AdamW(tiny.parameters(), lr=1e-3, fused=True)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=tel)
+    mp.prepare(tiny)
+    x, idx, y = batch()
+    bad = x.clone()
+    bad[0, 0] = math.nan
+    with torch.no_grad():
+        tiny(bad, idx)  # an evaluation pass on bad data belongs to no training step
+    train_step(mp, tiny, opt, x, idx, y)
+    train_step(mp, tiny, opt, bad, idx, y)
+    assert [r["input_nonfinite"] for r in records] == [False, True]
+    assert records[1]["loss_nonfinite"] and records[1]["skipped"]

@@ -1,0 +1,151 @@
+"""Logged values equal values computed by hand from the very gradients the optimizer saw."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+import pytest
+import torch
+from telemetry_helpers import batch, train_step
+
+import ampkit
+from ampkit.telemetry import Telemetry
+
+
+class Capture(ampkit.EngineHook):
+    """Copies what each step saw, to recompute every metric by hand."""
+
+    def __init__(self) -> None:
+        self.losses: list[list[float]] = [[]]
+        self.grads: list[list[torch.Tensor]] = []
+        self.found: list[float] = []
+        self.scale_used: list[float] = []
+        self.scale_next: list[float] = []
+
+    def on_backward(self, engine: ampkit.MixedPrecision, loss: torch.Tensor) -> None:
+        self.losses[-1].append(float(loss.detach()))
+
+    def before_optimizer_step(self, engine: ampkit.MixedPrecision, optimizers: Sequence[torch.optim.Optimizer],
+                              found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        self.grads.append([p.grad.detach().clone() for o in optimizers for g in o.param_groups
+                           for p in g["params"] if p.grad is not None])
+        self.found.append(float(found_inf))
+        self.losses.append([])
+
+    def after_step(self, engine: ampkit.MixedPrecision, result: ampkit.StepResult,
+                   optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        assert result.scale is not None
+        self.scale_used.append(float(result.scale))
+        self.scale_next.append(float(engine.scale))
+
+
+def _same(a: float, b: float, rel: float = 1e-5) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == pytest.approx(b, rel=rel, abs=1e-12)
+
+
+def _run(precision: str, tiny: torch.nn.Module, steps: int, **engine_kw: object) -> tuple[list[dict], Capture]:
+    capture, records = Capture(), []
+    tel = Telemetry(sinks=[records.append], flush_every=4, alarms=())
+    opt = torch.optim.AdamW(tiny.parameters(), lr=2e-3, fused=True)
+    mp = ampkit.MixedPrecision(precision, device="cpu", hooks=[capture], telemetry=tel, grad_accumulation=2,
+                               **engine_kw)  # type: ignore[arg-type]
+    mp.prepare(tiny)
+    for _ in range(2 * steps):
+        train_step(mp, tiny, opt, *batch())
+    tel.close()
+    return records, capture
+
+
+def test_telemetry_values_match_hand_computation_with_skipped_fp16_steps(tiny: torch.nn.Module) -> None:
+    # 2**22 overflows fp16 gradients: the first steps are skipped and back off, the later ones apply.
+    records, cap = _run("fp16", tiny, steps=8, scaler=ampkit.DynamicLossScaler(init_scale=2.0**22))
+    assert len(records) == 8
+    skipped = [r["skipped"] for r in records]
+    assert any(skipped) and not all(skipped), f"the run must mix skipped and applied steps: {skipped}"
+    for i, (r, grads) in enumerate(zip(records, cap.grads)):
+        numel = sum(g.numel() for g in grads)
+        nonfinite = sum(int((~torch.isfinite(g)).sum()) for g in grads)
+        zeros = sum(int((g == 0).sum()) for g in grads)
+        norm = float(torch.linalg.vector_norm(torch.cat([g.double().flatten() for g in grads])))
+        assert r["step"] == i + 1
+        assert r["nonfinite_grads"] == nonfinite
+        assert r["zero_grad_fraction"] == zeros / numel
+        assert r["skipped"] == (nonfinite > 0) == (cap.found[i] > 0)
+        assert _same(r["grad_norm"], norm) or (math.isinf(norm) and not math.isfinite(r["grad_norm"]))
+        assert r["clip_coef"] == 1.0
+        assert r["loss"] == pytest.approx(sum(cap.losses[i]) / len(cap.losses[i]), rel=1e-6)
+        assert len(cap.losses[i]) == 2 and r["loss_nonfinite"] is False
+        assert r["scale"] == cap.scale_used[i] and r["next_scale"] == cap.scale_next[i]
+        assert r["lr"] == 2e-3 and r["rank"] == 0 and r["input_nonfinite"] is False
+        if r["skipped"]:
+            assert nonfinite > 0 and r["next_scale"] == r["scale"] / 2
+    assert any(0 < r["zero_grad_fraction"] < 1 for r in records)  # the unused embedding rows
+
+
+def test_telemetry_values_clip_coef_matches_torch_formula(tiny: torch.nn.Module) -> None:
+    records, _ = _run("bf16", tiny, steps=6, clip_grad_norm=0.05)
+    for r in records:
+        assert math.isfinite(r["grad_norm"]) and not r["skipped"]
+        expected = min(1.0, 0.05 / (r["grad_norm"] + 1e-6))
+        assert r["clip_coef"] == pytest.approx(expected, rel=1e-6)
+    assert any(r["clip_coef"] < 1.0 for r in records)
+
+
+def test_telemetry_values_module_absmax_on_sampled_steps(tiny: torch.nn.Module) -> None:
+    capture, records = Capture(), []
+    extra = torch.nn.Parameter(torch.randn(3))  # optimised but owned by no prepared model
+    tel = Telemetry(sinks=[records.append], flush_every=3, module_absmax_every=2, alarms=())
+    opt = torch.optim.AdamW([*tiny.parameters(), extra], lr=1e-3, fused=True)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", hooks=[capture], telemetry=tel)
+    mp.prepare(tiny)
+    for _ in range(5):
+        x, idx, y = batch()
+        with mp.autocast():
+            loss = (tiny(x, idx).float() - y).pow(2).mean() + extra.float().pow(2).sum()
+        mp.backward(loss)
+        mp.step(opt)
+    tel.close()
+    assert [("module_grad_absmax" in r) for r in records] == [True, False, True, False, True]
+    owners = ["emb", "body.0", "body.0", "body.2", "body.2", "(unnamed)"]  # parameter order of the optimizer
+    for r in records[::2]:
+        grads = capture.grads[r["step"] - 1]
+        expected: dict[str, float] = {}
+        for owner, g in zip(owners, grads):
+            expected[owner] = max(expected.get(owner, 0.0), float(g.abs().max()))
+        assert r["module_grad_absmax"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_telemetry_values_lr_held_as_a_tensor(tiny: torch.nn.Module) -> None:
+    records: list[dict] = []
+    tel = Telemetry(sinks=[records.append], flush_every=2, alarms=())
+    opt = torch.optim.AdamW(tiny.parameters(), lr=torch.tensor(3e-3), fused=True)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=tel)
+    mp.prepare(tiny)
+    for _ in range(2):
+        train_step(mp, tiny, opt, *batch())
+    assert [r["lr"] for r in records] == pytest.approx([3e-3, 3e-3])
+
+
+def test_telemetry_values_records_are_plain_json(tiny: torch.nn.Module) -> None:
+    records, _ = _run("fp16", tiny, steps=2, scaler=ampkit.DynamicLossScaler(init_scale=2.0**22))
+    types = {"step": int, "rank": int, "loss": float, "loss_nonfinite": bool, "scale": float, "skipped": bool,
+             "grad_norm": float, "clip_coef": float, "nonfinite_grads": int, "zero_grad_fraction": float,
+             "lr": float, "next_scale": float, "input_nonfinite": bool}
+    for r in records:
+        assert {k: type(r[k]) for k in types} == types
+        assert json.loads(json.dumps(r)).keys() == r.keys()
+
+
+def test_telemetry_values_loss_of_a_step_without_backward_is_nan(tiny: torch.nn.Module) -> None:
+    tel = Telemetry(flush_every=10, alarms=())
+    opt = torch.optim.AdamW(tiny.parameters(), lr=1e-3, fused=True)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=tel)
+    mp.prepare(tiny)
+    mp.step(opt)  # no gradients at all
+    (r,) = tel.flush()
+    assert math.isnan(r["loss"]) and math.isnan(r["grad_norm"]) and math.isnan(r["zero_grad_fraction"])
+    assert r["nonfinite_grads"] == 0 and r["skipped"] is False

@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import ampkit
+from ampkit import CheckpointError
+from tests.helpers.models import TinyNet, make_batches
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "helpers" / "resume_worker.py"
+
+
+def trained(tmp_path: Path, steps: int = 3):
+    model = TinyNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", grad_accumulation=2)
+    for x, y in make_batches(steps):
+        with mp.autocast():
+            loss = F.cross_entropy(model(x), y)
+        mp.backward(loss)
+        mp.step(opt)
+    return model, opt, mp
+
+
+def test_checkpoint_round_trip_restores_model_optimizer_engine_and_grads(tmp_path, seed) -> None:
+    model, opt, mp = trained(tmp_path, steps=3)  # 3 micro-batches with accumulation 2: mid-window
+    assert mp.micro_step == 1
+    path = ampkit.save_checkpoint(tmp_path / "ck.pt", model=model, optimizer=opt, engine=mp, extra={"epoch": 7})
+    model2, opt2 = TinyNet(), None
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    mp2 = ampkit.MixedPrecision("fp16", device="cpu", grad_accumulation=2)
+    extra = ampkit.load_checkpoint(path, model=model2, optimizer=opt2, engine=mp2)
+    assert extra == {"epoch": 7}
+    assert mp2.state_dict() == mp.state_dict()
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q) and torch.equal(p.grad, q.grad), "accumulated grads must survive a mid-window save"
+
+
+def test_checkpoint_restores_rng_states(tmp_path) -> None:
+    model = TinyNet()
+    path = ampkit.save_checkpoint(tmp_path / "ck.pt", model=model)
+    expected = (torch.rand(3), random.random())
+    ampkit.load_checkpoint(path, model=model)
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+def test_checkpoint_never_runs_pickled_code(tmp_path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "ampkit.checkpoint/1", "model": Exploit()}, evil)
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        ampkit.load_checkpoint(evil, model=TinyNet())
+    assert not marker.exists()
+
+
+def test_checkpoint_truncated_file_gives_clear_error_and_is_left_intact(tmp_path) -> None:
+    model = TinyNet()
+    path = ampkit.save_checkpoint(tmp_path / "ck.pt", model=model)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"corrupted or truncated.*resume from an earlier checkpoint"):
+        ampkit.load_checkpoint(path, model=model)
+    assert path.read_bytes() == data[: len(data) // 2]
+
+
+def test_checkpoint_failed_save_keeps_previous_checkpoint(tmp_path) -> None:
+    model = TinyNet()
+    path = ampkit.save_checkpoint(tmp_path / "ck.pt", model=model, extra={"v": 1})
+    before = path.read_bytes()
+    with pytest.raises(TypeError, match="weights_only"):
+        ampkit.save_checkpoint(path, model=model, extra={"v": 2, "bad": object()})
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"], "no temp file may be left behind"
+
+
+def test_checkpoint_missing_engine_state_is_named(tmp_path) -> None:
+    model = TinyNet()
+    path = ampkit.save_checkpoint(tmp_path / "ck.pt", model=model)
+    with pytest.raises(CheckpointError, match="CHECKPOINT_MISSING_SCALER"):
+        ampkit.load_checkpoint(path, model=model, engine=ampkit.MixedPrecision("fp16", device="cpu"))
+
+
+def test_checkpoint_not_an_ampkit_file_is_explained(tmp_path) -> None:
+    other = tmp_path / "plain.pt"
+    torch.save({"weights": torch.ones(2)}, other)
+    with pytest.raises(CheckpointError, match="not an ampkit checkpoint"):
+        ampkit.load_checkpoint(other, model=TinyNet())
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ampkit.load_checkpoint(tmp_path / "nope.pt", model=TinyNet())
+
+
+def _run(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(WORKER), *args], cwd=ROOT, check=True, capture_output=True,
+                          text=True, timeout=240, **kwargs)
+
+
+@pytest.mark.slow
+def test_checkpoint_resume_after_sigkill_is_bit_identical(tmp_path) -> None:
+    total = 24
+    _run("--steps", str(total), "--out", str(tmp_path / "reference.pt"))
+
+    ckpt = tmp_path / "run.pt"
+    proc = subprocess.Popen([sys.executable, str(WORKER), "--steps", str(total // 2), "--out",
+                             str(tmp_path / "partial.pt"), "--ckpt", str(ckpt), "--hang"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not ckpt.exists():
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "worker died"
+        assert time.monotonic() < deadline, "the worker never wrote a checkpoint"
+        time.sleep(0.01)
+    time.sleep(random.uniform(0.0, 0.5))  # a random point after the first save, saves still in flight
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    _run("--steps", str(total), "--out", str(tmp_path / "resumed.pt"), "--ckpt", str(ckpt), "--resume")
+    ref = torch.load(tmp_path / "reference.pt", weights_only=True)
+    res = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    for name, tensor in ref["model"].items():
+        assert torch.equal(tensor, res["model"][name]), f"parameter {name} differs after resume"
+    for key, state in ref["optimizer"]["state"].items():
+        for field, value in state.items():
+            assert torch.equal(value, res["optimizer"]["state"][key][field]), f"optimizer state {key}.{field}"
+    assert ref["engine"] == res["engine"] and ref["lr"] == res["lr"]
+
+
+def test_checkpoint_atomic_write_uses_umask_mode(tmp_path) -> None:
+    from ampkit.checkpoint import atomic_write_bytes
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "report.json", b"{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o644

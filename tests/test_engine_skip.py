@@ -1,0 +1,86 @@
+"""A skipped step leaves parameters and optimizer state bitwise untouched."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.nn import functional as F
+
+import ampkit
+from tests.helpers.models import TinyNet, make_batches
+
+N_STEPS = 6
+
+
+def snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    return copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+
+
+def untouched(before: tuple[dict, dict], after: tuple[dict, dict]) -> bool:
+    """Weights equal; pre-existing optimizer state equal.
+
+    A fused optimizer whose very first step is skipped still creates its state lazily inside
+    ``step()`` (the kernel then skips the update): that new state must be a fresh init — zeros
+    and step 0 — i.e. nothing was learned from the bad gradients.
+    """
+    (w0, o0), (w1, o1) = before, after
+    if not states_equal(w0, w1) or not states_equal(o0["param_groups"], o1["param_groups"]):
+        return False
+    for key, state in o1["state"].items():
+        if key in o0["state"]:
+            if not states_equal(o0["state"][key], state):
+                return False
+        elif not all(torch.count_nonzero(t) == 0 for t in state.values() if isinstance(t, torch.Tensor)):
+            return False
+    return o0["state"].keys() <= o1["state"].keys()
+
+
+def states_equal(a: object, b: object) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    precision=st.sampled_from(["fp16", "bf16", "fp32"]),
+    optimizer=st.sampled_from(["adamw-fused", "adamw", "sgd-momentum"]),
+    bad_steps=st.sets(st.integers(0, N_STEPS - 1), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_engine_skipped_steps_leave_everything_untouched(precision, optimizer, bad_steps, data) -> None:
+    torch.manual_seed(0)
+    model = TinyNet()
+    params = list(model.parameters())
+    if optimizer == "sgd-momentum":
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(params, lr=1e-2, fused=optimizer == "adamw-fused")
+    mp = ampkit.MixedPrecision(precision, device="cpu", clip_grad_norm=1.0)
+    mp.prepare(model)
+    for step, (x, y) in enumerate(make_batches(N_STEPS, seed=1)):
+        with mp.autocast():
+            loss = F.cross_entropy(model(x), y)
+        mp.backward(loss)
+        before = snapshot(model, opt)
+        if step in bad_steps:
+            victim = params[data.draw(st.integers(0, len(params) - 1), label="param")]
+            assert victim.grad is not None
+            flat = victim.grad.view(-1)
+            index = data.draw(st.integers(0, flat.numel() - 1), label="element")
+            flat[index] = data.draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]), label="value")
+        result = mp.step(opt)
+        after = snapshot(model, opt)
+        if step in bad_steps:
+            assert result.skipped
+            assert untouched(before, after), f"skipped step {step} changed the model or optimizer state"
+        else:
+            assert result.applied
+            assert not states_equal(before[0], after[0]), f"applied step {step} did not change the weights"

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ampkit
+from ampkit.policy import release_fp32, resolve_keep_fp32
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.ff = nn.Linear(8, 8)
+        self.seen: dict[str, torch.dtype] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        out = self.ff(h)
+        self.seen["ff_out"] = out.dtype
+        return out
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.lm_head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.lm_head(x)
+
+
+def test_policy_resolves_patterns_and_types_in_model_order() -> None:
+    net = Net()
+    assert resolve_keep_fp32(net, ["lm_head", "blocks.*.norm"]) == ["blocks.0.norm", "blocks.1.norm", "lm_head"]
+    assert resolve_keep_fp32(net, [nn.LayerNorm]) == ["blocks.0.norm", "blocks.1.norm"]
+
+
+def test_policy_unmatched_pattern_names_close_modules() -> None:
+    with pytest.raises(ValueError, match=r"'lm_haed' matches no module.*lm_head"):
+        resolve_keep_fp32(Net(), ["lm_haed"])
+
+
+def test_policy_bad_rule_type_explains() -> None:
+    with pytest.raises(TypeError, match="neither a name pattern"):
+        resolve_keep_fp32(Net(), [42])  # type: ignore[list-item]
+
+
+def test_policy_kept_module_runs_fp32_while_the_rest_stays_in_autocast() -> None:
+    net = Net()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", keep_fp32=["blocks.0", "lm_head"])
+    mp.prepare(net)
+    with mp.autocast():
+        out = net(torch.randn(2, 8, dtype=torch.bfloat16))
+    assert out.dtype == torch.float32, "lm_head is kept: its matmul runs in fp32"
+    assert net.blocks[0].seen["ff_out"] == torch.float32, "blocks.0 is kept"
+    assert net.blocks[1].seen["ff_out"] == torch.bfloat16, "blocks.1 is not kept: still autocast"
+
+
+def test_policy_matches_fp32_reference_numerics_for_kept_module() -> None:
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    reference = lin(x)
+    ampkit.keep_fp32(lin)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kept = lin(x.bfloat16())
+    torch.testing.assert_close(kept, lin(x.bfloat16().float()))
+    assert kept.dtype == torch.float32 and reference.dtype == torch.float32
+
+
+def test_policy_restores_autocast_after_forward_raises() -> None:
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("boom")
+
+    boom = ampkit.keep_fp32(Boom())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="boom"):
+            boom(torch.ones(1))
+        assert torch.is_autocast_enabled("cpu"), "autocast must be back on after the failed forward"
+
+
+def test_policy_release_removes_hooks() -> None:
+    lin = ampkit.keep_fp32(nn.Linear(4, 4))
+    release_fp32(lin)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lin(torch.randn(2, 4)).dtype == torch.bfloat16
+
+
+def test_policy_custom_fwd_on_whole_forward_disables_autocast_for_every_submodule() -> None:
+    """The seed-style pattern (custom_fwd on a parent's forward) runs children in fp32 too; keep_fp32 does not."""
+
+    class Parent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(8)
+            self.proj = nn.Linear(8, 8)
+
+        @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+        def forward(self, x):
+            return self.proj(self.norm(x))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert Parent()(torch.randn(2, 8)).dtype == torch.float32  # proj lost autocast
+    net = Net()
+    ampkit.MixedPrecision("bf16", device="cpu", keep_fp32=["*.norm"]).prepare(net)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net(torch.randn(2, 8))
+    assert net.blocks[0].seen["ff_out"] == torch.bfloat16  # only the norm left autocast
