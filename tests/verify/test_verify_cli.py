@@ -25,6 +25,7 @@ def test_verify_passing_task_exits_0_and_writes_three_files(regression_job: Job)
     bf16 = regression_job.run("bf16")
     assert bf16["status"] == "ok" and len(bf16["loss"]) == 40 and len(bf16["steps"]) == 40
     assert all(tuple(r) == RECORD_KEYS for r in bf16["steps"])
+    assert [r["step"] for r in bf16["steps"]] == list(range(1, 41))  # counted from 1, like telemetry
     assert [h["step"] for h in bf16["eval_history"]] == [20, 40]
     assert bf16["throughput"]["timed_steps"] == 35 and bf16["throughput"]["samples_per_s"] > 0
     memory = bf16["memory"]

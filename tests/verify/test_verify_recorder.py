@@ -42,7 +42,7 @@ def test_recorder_matches_step_results_with_loss_scaling() -> None:
     recorder, expected = _train("fp16", scaler, inputs)
     records = recorder.records()
     assert [tuple(r) for r in records] == [RECORD_KEYS] * 6
-    assert [r["step"] for r in records] == list(range(6))
+    assert [r["step"] for r in records] == list(range(1, 7))
     for got, want in zip(records, expected):
         assert got["scale"] == want["scale"] and got["skipped"] == want["skipped"]
         assert got["loss_nonfinite"] == (not math.isfinite(want["loss"]))

@@ -129,9 +129,9 @@ def scale_chart(report: dict[str, Any]) -> str:
             if not records:
                 continue
             c = _color(run["precision"])
-            x = [r["step"] + 1 for r in records]
+            x = [r["step"] for r in records]
             ax.step(x, [r["scale"] for r in records], where="post", color=c, linewidth=1.5, label=run["precision"])
-            skipped = [(r["step"] + 1, r["scale"]) for r in records if r["skipped"]]
+            skipped = [(r["step"], r["scale"]) for r in records if r["skipped"]]
             if skipped:
                 ax.scatter(*zip(*skipped), marker="x", color="#d62728", s=22, zorder=3,
                            label=f"{run['precision']}: skipped step ({len(skipped)})")
@@ -148,7 +148,7 @@ def grad_norm_chart(report: dict[str, Any]) -> str:
         for run in report["runs"]:
             records = run["steps"]
             if records:
-                ax.plot([r["step"] + 1 for r in records], _nan([r["grad_norm"] for r in records]),
+                ax.plot([r["step"] for r in records], _nan([r["grad_norm"] for r in records]),
                         color=_color(run["precision"]), linewidth=1.0, label=run["precision"])
         ax.set_yscale("log")
         ax.set_xlabel("optimizer step")

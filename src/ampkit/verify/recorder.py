@@ -26,8 +26,9 @@ RECORD_KEYS = ("step", "loss", "loss_nonfinite", "scale", "skipped", "grad_norm"
 class StepRecorder(EngineHook):
     """Collect one record per optimizer step without a host sync.
 
-    ``step`` is the 0-based optimizer step (the index into the run's loss array); ``loss`` is
-    the mean of the losses passed to ``mp.backward`` since the previous boundary.
+    ``step`` counts optimizer steps from 1, as ``ampkit.telemetry`` does (record ``i`` is
+    ``loss[i]`` of the run, step ``i + 1``); ``loss`` is the mean of the losses passed to
+    ``mp.backward`` since the previous boundary.
 
     >>> import ampkit
     >>> rec = StepRecorder()
@@ -38,7 +39,7 @@ class StepRecorder(EngineHook):
     ...     mp.backward(model(torch.ones(1, 2)).sum() * 0 + 3.0)
     ...     _ = mp.step(opt)
     >>> [(r["step"], r["loss"], r["skipped"]) for r in rec.records()]
-    [(0, 3.0, False), (1, 3.0, False)]
+    [(1, 3.0, False), (2, 3.0, False)]
     """
 
     def __init__(self) -> None:
@@ -80,7 +81,7 @@ class StepRecorder(EngineHook):
         table = torch.stack(self._rows).cpu().tolist()
         return [
             {
-                "step": i,
+                "step": i + 1,
                 "loss": loss,
                 "loss_nonfinite": not math.isfinite(loss),
                 "scale": scale,
