@@ -4,26 +4,78 @@ Train with ``MixedPrecision``; diagnose with ``ampkit doctor``; verify against F
 ``ampkit verify``; find AMP mistakes in source with ``ampkit lint``.
 """
 
-from ampkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ampkit.engine import EngineHook, MixedPrecision, StepResult
-from ampkit.policy import keep_fp32
-from ampkit.precision import Precision, PrecisionError
-from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler
-from ampkit.telemetry import (
-    Alarm,
-    AlarmWarning,
-    CallbackSink,
-    GradNormSpikeAlarm,
-    JsonlSink,
-    LossNonFiniteAlarm,
-    ProgressSink,
-    ScaleCollapseAlarm,
-    SkipRateAlarm,
-    Telemetry,
-    TensorBoardSink,
-    TrainingStopped,
-)
-from ampkit.verify.task import Task, TaskBase
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ampkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from ampkit.engine import EngineHook, MixedPrecision, StepResult
+    from ampkit.policy import keep_fp32
+    from ampkit.precision import Precision, PrecisionError
+    from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler
+    from ampkit.telemetry import (
+        Alarm,
+        AlarmWarning,
+        CallbackSink,
+        GradNormSpikeAlarm,
+        JsonlSink,
+        LossNonFiniteAlarm,
+        ProgressSink,
+        ScaleCollapseAlarm,
+        SkipRateAlarm,
+        Telemetry,
+        TensorBoardSink,
+        TrainingStopped,
+    )
+    from ampkit.verify.task import Task, TaskBase
+
+# Public name -> defining module, imported on first use: `import ampkit` stays cheap, so
+# `ampkit lint` (pure AST, no torch) starts in milliseconds, e.g. as a pre-commit hook.
+_LAZY: dict[str, str] = {
+    "Alarm": "ampkit.telemetry",
+    "AlarmWarning": "ampkit.telemetry",
+    "CallbackSink": "ampkit.telemetry",
+    "CheckpointError": "ampkit.checkpoint",
+    "DynamicLossScaler": "ampkit.scaler",
+    "EngineHook": "ampkit.engine",
+    "GradNormSpikeAlarm": "ampkit.telemetry",
+    "JsonlSink": "ampkit.telemetry",
+    "LossNonFiniteAlarm": "ampkit.telemetry",
+    "LossScaler": "ampkit.scaler",
+    "MixedPrecision": "ampkit.engine",
+    "NoLossScaler": "ampkit.scaler",
+    "Precision": "ampkit.precision",
+    "PrecisionError": "ampkit.precision",
+    "ProgressSink": "ampkit.telemetry",
+    "ScaleCollapseAlarm": "ampkit.telemetry",
+    "SkipRateAlarm": "ampkit.telemetry",
+    "StaticLossScaler": "ampkit.scaler",
+    "StepResult": "ampkit.engine",
+    "Task": "ampkit.verify.task",
+    "TaskBase": "ampkit.verify.task",
+    "Telemetry": "ampkit.telemetry",
+    "TensorBoardSink": "ampkit.telemetry",
+    "TrainingStopped": "ampkit.telemetry",
+    "keep_fp32": "ampkit.policy",
+    "load_checkpoint": "ampkit.checkpoint",
+    "save_checkpoint": "ampkit.checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ampkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __version__ = "0.1.0"
 

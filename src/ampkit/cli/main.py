@@ -50,4 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Re-import under the package name: run as `python -m ampkit.cli.main`, this module is
+    # __main__, and its UsageError would not be the class the subcommands raise.
+    from ampkit.cli.main import main as package_main
+
+    sys.exit(package_main())
