@@ -194,3 +194,18 @@ def test_engine_no_sync_only_inside_accumulation_window() -> None:
     with mp.no_sync(FakeDDP()):
         pass
     assert entered == [True]
+
+
+def test_engine_skips_step_when_loss_is_nonfinite_but_gradients_are_finite() -> None:
+    w = torch.nn.Parameter(torch.tensor([-2.0, 3.0]))
+    opt = torch.optim.AdamW([w], lr=0.1, fused=True)
+    mp = ampkit.MixedPrecision("bf16", device="cpu")
+    loss = torch.log(w).sum()  # log(-2) is NaN, yet d/dw log(w) = 1/w is finite
+    mp.backward(loss)
+    assert torch.isfinite(w.grad).all()
+    before = w.detach().clone()
+    result = mp.step(opt)
+    assert result.skipped
+    assert torch.equal(w.detach(), before)
+    mp.backward((w * w).sum())  # the flag does not leak into the next step
+    assert mp.step(opt).applied

@@ -162,6 +162,8 @@ class MixedPrecision:
         """Models passed to ``prepare`` (the doctor's replay hooks them)."""
         self._opt_states: dict[int, _OptState] = {}
         self._warned: set[str] = set()
+        self._loss_nonfinite: torch.Tensor | None = None
+        """On-device count of non-finite losses since the last boundary (None: none seen yet)."""
         self.found_inf_reducer: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set by ``ampkit.distributed``: makes every rank take the same skip decision.
 
@@ -252,6 +254,11 @@ class MixedPrecision:
             hook.on_backward(self, loss)
         if self.grad_accumulation > 1:
             loss = loss / self.grad_accumulation
+        if self.scaler.enabled or self.skip_nonfinite:
+            # A NaN loss can have finite gradients (log of a negative value): remember it so the
+            # step is skipped too.  A few scalar kernels, no host sync.
+            bad = (~torch.isfinite(loss.detach())).any().to(device=self.device, dtype=torch.float32)
+            self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
         self.scaler.scale(loss).backward(**backward_kwargs)
 
     def step(self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> StepResult:
@@ -265,6 +272,10 @@ class MixedPrecision:
             self._check_optimizer(opt)
         scale = self.scale
         per_opt_found = [self._unscale(opt) for opt in opts]
+        if self._loss_nonfinite is not None:
+            for found in per_opt_found:
+                found.add_(self._loss_nonfinite)
+            self._loss_nonfinite = None
         if self.found_inf_reducer is not None:
             per_opt_found = [self.found_inf_reducer(f) for f in per_opt_found]
         grad_norm = self._clip_and_norm(opts)
