@@ -75,6 +75,9 @@ class EngineHook:
     def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
         """Called with the user's (unscaled, undivided) loss before backward."""
 
+    def after_unscale(self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Called at the boundary once gradients are unscaled and checked, before clipping."""
+
     def before_optimizer_step(
         self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
         grad_norm: torch.Tensor | None,
@@ -276,6 +279,8 @@ class MixedPrecision:
             for found in per_opt_found:
                 found.add_(self._loss_nonfinite)
             self._loss_nonfinite = None
+        for hook in self.hooks:
+            hook.after_unscale(self, opts)
         if self.found_inf_reducer is not None:
             per_opt_found = [self.found_inf_reducer(f) for f in per_opt_found]
         grad_norm = self._clip_and_norm(opts)

@@ -149,3 +149,31 @@ def test_telemetry_values_loss_of_a_step_without_backward_is_nan(tiny: torch.nn.
     (r,) = tel.flush()
     assert math.isnan(r["loss"]) and math.isnan(r["grad_norm"]) and math.isnan(r["zero_grad_fraction"])
     assert r["nonfinite_grads"] == 0 and r["skipped"] is False
+
+
+class PreClipCapture(ampkit.EngineHook):
+    def __init__(self) -> None:
+        self.grads: list[list[torch.Tensor]] = []
+
+    def after_unscale(self, engine: ampkit.MixedPrecision, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        self.grads.append([p.grad.detach().clone() for o in optimizers for g in o.param_groups
+                           for p in g["params"] if p.grad is not None])
+
+
+def test_telemetry_counts_gradients_before_clipping_on_skipped_steps(tiny: torch.nn.Module) -> None:
+    capture, records = PreClipCapture(), []
+    tel = Telemetry(sinks=[records.append], flush_every=4, alarms=())
+    opt = torch.optim.AdamW(tiny.parameters(), lr=2e-3, fused=True)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", hooks=[capture], telemetry=tel, clip_grad_norm=1.0,
+                               scaler=ampkit.DynamicLossScaler(init_scale=2.0**22))
+    mp.prepare(tiny)
+    for _ in range(8):
+        train_step(mp, tiny, opt, *batch())
+    tel.close()
+    skipped = [r for r in records if r["skipped"]]
+    assert skipped, "2**22 must overflow the first fp16 steps"
+    for r, grads in zip(records, capture.grads):
+        nonfinite = sum(int((~torch.isfinite(g)).sum()) for g in grads)
+        assert r["nonfinite_grads"] == nonfinite
+    numel = sum(p.numel() for p in tiny.parameters())
+    assert all(r["nonfinite_grads"] < numel for r in skipped), "clipping's NaN coefficient must not be counted"

@@ -115,6 +115,7 @@ class Telemetry(EngineHook):
         self._closed = False
         self._meta: list[_StepMeta] = []
         self._pending: _StepMeta | None = None
+        self._counts: tuple[torch.Tensor, torch.Tensor] | None = None
         self._watched: dict[int, Any] = {}
         self._n_models = 0
         self._losses = 0
@@ -172,16 +173,32 @@ class Telemetry(EngineHook):
         self._acc[1].add_(torch.isfinite(value).logical_not())
         self._losses += 1
 
+    def after_unscale(self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        # Counted before clipping: on a skipped step clip_grad_norm_ multiplies every gradient by a
+        # NaN coefficient, which would make every element look non-finite.
+        if self._closed:
+            return
+        self._counts = self._counter.count(self._local_grads(self._params(optimizers)))
+
+    @staticmethod
+    def _local_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [_local(p.grad) for p in params if p.grad is not None]
+
+    @staticmethod
+    def _params(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
+        return [p for opt in optimizers for group in opt.param_groups for p in group["params"]
+                if p.grad is not None and p.grad.numel()]
+
     def before_optimizer_step(self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer],
                               found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
         if self._closed:
             return
         self.bind(engine)
         r = len(self._meta)
-        params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]
-                  if p.grad is not None and p.grad.numel()]
-        grads = [_local(p.grad) for p in params if p.grad is not None]
-        zeros, nonfinite = self._counter.count(grads)
+        params = self._params(optimizers)
+        grads = self._local_grads(params)
+        counts, self._counts = self._counts, None
+        zeros, nonfinite = counts if counts is not None else self._counter.count(grads)
         norm = self._nan if grad_norm is None else grad_norm
         if engine.clip_grad_norm is not None:
             clip = torch.clamp(engine.clip_grad_norm / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ formula
