@@ -54,7 +54,7 @@ def _time_hooks(tel: ampkit.Telemetry) -> list[float]:
     step-to-step noise that the side-by-side ratio has on a shared machine.
     """
     per_step: list[float] = []
-    for name in ("on_backward", "before_optimizer_step", "after_step", "_check_inputs"):
+    for name in ("on_backward", "after_unscale", "before_optimizer_step", "after_step", "_check_inputs"):
         inner = getattr(tel, name)
 
         def timed(*args: object, _inner: Callable[..., None] = inner) -> None:
