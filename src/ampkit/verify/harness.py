@@ -224,7 +224,7 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
 
         def forward(event: dict[str, Any]) -> None:
             if on_progress is not None:
-                on_progress(precision, {**event, "part": part})
+                on_progress(precision, _tagged(event, part))
 
         return _complete(run_torchrun(spec, nproc, workdir, tag, _worker_env(p.device), forward, PROGRESS_PREFIX))
     spec_path.write_text(json.dumps(spec))
@@ -240,7 +240,7 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
             for line in proc.stdout:
                 if line.startswith(PROGRESS_PREFIX):
                     if on_progress is not None:
-                        on_progress(precision, {**json.loads(line[len(PROGRESS_PREFIX):]), "part": part})
+                        on_progress(precision, _tagged(json.loads(line[len(PROGRESS_PREFIX):]), part))
                 else:
                     stdout_tail.append(line.rstrip("\n"))
             code = proc.wait()
@@ -262,6 +262,11 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
     if result.get("status") != "ok":
         result["log_tail"] = log_tail
     return _complete(result)
+
+
+def _tagged(event: dict[str, Any], part: int) -> dict[str, Any]:
+    """A progress event of the 1-rank scaling baseline carries ``part: 1``; the main run's carry none."""
+    return {**event, "part": part} if part else event
 
 
 def _complete(run: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +300,7 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
                 run["scaling"] = scaling(run, baseline, p.nproc)
             runs.append(run)
             if on_progress is not None:
-                on_progress(precision, {"phase": "done", "status": run["status"], "part": p.parts - 1})
+                on_progress(precision, _tagged({"phase": "done", "status": run["status"]}, p.parts - 1))
     comparison = compare_runs(runs, metrics=dict(p.task.metrics), steps=p.steps, warmup=p.warmup,
                               tol=config.tolerances)
     describe = getattr(p.task, "describe", None)
