@@ -29,7 +29,9 @@ def test_verify_nproc_runs_every_precision_on_2_ranks_and_validates(nproc_job: J
         run = nproc_job.run(precision)
         assert run["status"] == "ok", run.get("log_tail")
         assert run["world_size"] == 2
-        assert run["launch"] == {"launcher": "torchrun", "nproc": 2, "backend": "gloo", "omp_num_threads": 1}
+        launch = dict(run["launch"])
+        assert isinstance(launch.pop("torchrun_exit"), int)
+        assert launch == {"launcher": "torchrun", "nproc": 2, "backend": "gloo", "omp_num_threads": 1}
         assert len(run["loss"]) == 12 and all(x is not None for x in run["loss"])
         sc = run["scaling"]
         assert sc["baseline_status"] == "ok"

@@ -86,14 +86,21 @@ def run_torchrun(spec: dict[str, Any], nproc: int, workdir: Path, tag: str, env:
         first = launch_result.describe().splitlines()[0]
         result = {"precision": spec["precision"], "device": spec["device"], "status": "failed",
                   "error": f"the torchrun launch of {nproc} rank(s) wrote no result: {first}"}
-    if not launch_result.ok:
+    bad_ranks = [r.rank for r in launch_result.ranks if r.exitcode != 0]
+    if launch_result.timed_out or bad_ranks:
         if result.get("status") == "ok":
             result["status"] = "failed"
-            result["error"] = "a rank failed after rank 0 finished: " + launch_result.describe().splitlines()[0]
+            result["error"] = (f"rank(s) {bad_ranks} did not finish cleanly after rank 0 wrote its result: "
+                               + launch_result.describe().splitlines()[0])
         result["log_tail"] = launch_result.describe()[-8000:]
+    elif launch_result.returncode != 0:
+        # Every rank exited 0, so the run and its measurements are complete; torchrun's own
+        # exit status (its agent's shutdown) is kept as evidence, not turned into a failure.
+        result["log_tail"] = launch_result.launcher_output[-4000:] or None
     result["world_size"] = nproc
     result["launch"] = {"launcher": "torchrun", "nproc": nproc,
-                        "backend": "nccl" if device_type == "cuda" else "gloo", "omp_num_threads": 1}
+                        "backend": "nccl" if device_type == "cuda" else "gloo", "omp_num_threads": 1,
+                        "torchrun_exit": launch_result.returncode}
     return result
 
 
