@@ -3,6 +3,8 @@
 Each precision trains in its own fresh process from the same initial weights on the same data;
 the report (DIR/report.json, report.md, report.html) holds loss curves, eval metrics, skipped
 steps, throughput and peak memory after warm-up, the environment, and a verdict per precision.
+With --nproc N every precision runs on N ranks under torchrun (DDP, the task's batch split over
+the ranks) and the report adds the world size and the scaling efficiency against one rank.
 
 Exit status: 0 every precision passes, 1 at least one fails, 2 bad input.
 """

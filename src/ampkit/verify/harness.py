@@ -7,6 +7,10 @@ crash or a worker killed by the OS into a ``failed`` run while the others go on,
 run with fp32 (``ampkit.verify.compare``) and returns the ``ampkit.verify/1`` report.  Writing
 the files is ``ampkit.verify.report.write_report``'s job.
 
+With ``nproc`` each precision runs under torchrun on that many DDP ranks instead
+(``ampkit.verify.launch``), plus, when ``nproc`` > 1, a 1-rank run of the same precision for the
+scaling efficiency.
+
 Ctrl-C stops the running worker (terminate, then kill after 10 s) and propagates; the report
 is only written after every run finished, so an interrupted job leaves no partial report.
 """

@@ -19,6 +19,10 @@ The run:
    stays non-finite, or a non-finite metric, ends the run as ``diverged``;
 5. write the result atomically.  Progress goes to stdout as ``@ampkit-progress {json}`` lines.
 
+With ``distributed: true`` in the spec (``ampkit verify --nproc N``) the same program runs on
+every rank of a torchrun launch: DDP, ``ampkit.distributed.setup``, each rank on its slice of the
+global batch (``ampkit.verify.ranks``), and only rank 0 writes the result.
+
 On CUDA the fp32 baseline is IEEE fp32 (TF32 off for matmul and cuDNN) and deterministic
 algorithms are requested (``warn_only``), so that repeated runs with one seed agree.
 """
