@@ -13,8 +13,8 @@ import pytest
 from verify_helpers import SYNTHETIC, Job, LibraryJob, cli_command, task_ref, verify
 
 from ampkit.cli.main import main
-from ampkit.verify.recorder import RECORD_KEYS
 from ampkit.verify.report import load_schema
+from ampkit.verify.worker import RECORD_KEYS
 
 
 def test_verify_passing_task_exits_0_and_writes_three_files(regression_job: Job) -> None:

@@ -3,6 +3,8 @@
 Each precision trains in its own fresh process from the same initial weights on the same data;
 the report (DIR/report.json, report.md, report.html) holds loss curves, eval metrics, skipped
 steps, throughput and peak memory after warm-up, the environment, and a verdict per precision.
+With --nproc N every precision runs on N ranks under torchrun (DDP, the task's batch split over
+the ranks) and the report adds the world size and the scaling efficiency against one rank.
 
 Exit status: 0 every precision passes, 1 at least one fails, 2 bad input.
 """
@@ -49,6 +51,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--warmup", type=int, metavar="W", help="steps left out of throughput and loss distance")
     p.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps and at the end")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data order (default 0)")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="run each precision on N ranks under torchrun with DDP (gloo on CPU, nccl on CUDA), the "
+                        "task's batch split over the ranks; adds world size and scaling efficiency to the report")
+    p.add_argument("--no-scaling-baseline", action="store_true",
+                   help="with --nproc N > 1, skip the 1-rank run of each precision (no scaling efficiency)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report directory (default {DEFAULT_OUT})")
     tol = p.add_argument_group("tolerances (fractions; see docs/verify.md)")
     tol.add_argument("--tol-metric", action="append", default=[], metavar="[NAME=]X",
@@ -117,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out!r} is a file; give a directory for report.json, report.md, report.html")
     config = VerifyConfig(task=args.task, precisions=precisions, device=args.device, steps=args.steps,
                           warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,
-                          tolerances=_tolerances(args), measure_env=not args.no_measure_env)
+                          tolerances=_tolerances(args), measure_env=not args.no_measure_env, nproc=args.nproc,
+                          scaling_baseline=not args.no_scaling_baseline)
     try:
         resolved = plan(config)
     except (VerifyError, TaskLoadError) as exc:
@@ -125,21 +133,24 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     for note in resolved.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
-    n, steps = len(resolved.precisions), resolved.steps
+    n, steps, parts = len(resolved.precisions), resolved.steps, resolved.parts
     index = {name: i for i, name in enumerate(resolved.precisions)}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=args.no_progress) as progress:
-        job = progress.add_task("measuring the environment", total=n * steps)
+        job = progress.add_task("measuring the environment", total=n * parts * steps)
 
         def on_progress(precision: str, event: dict[str, Any]) -> None:
-            i = index[precision]
+            i, part = index[precision], event.get("part", 0)
             label = f"{precision} ({i + 1}/{n})"
+            if resolved.nproc is not None:
+                label += f", {1 if part else resolved.nproc} rank{'' if part else 's'}"
+            base = (i * parts + part) * steps
             if event["phase"] == "setup":
-                progress.update(job, completed=i * steps, description=f"{label}: building the model")
+                progress.update(job, completed=base, description=f"{label}: building the model")
             elif event["phase"] == "train":
-                progress.update(job, completed=i * steps + event["step"], description=f"{label}: step {event['step']}/{steps}")
+                progress.update(job, completed=base + event["step"], description=f"{label}: step {event['step']}/{steps}")
             elif event["phase"] == "done":
-                progress.update(job, completed=(i + 1) * steps, description=f"{label}: {event['status']}")
+                progress.update(job, completed=base + steps, description=f"{label}: {event['status']}")
 
         report = run_verify(config, on_progress=on_progress, resolved=resolved)
         progress.update(job, description="writing the report")

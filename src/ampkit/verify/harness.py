@@ -7,6 +7,10 @@ crash or a worker killed by the OS into a ``failed`` run while the others go on,
 run with fp32 (``ampkit.verify.compare``) and returns the ``ampkit.verify/1`` report.  Writing
 the files is ``ampkit.verify.report.write_report``'s job.
 
+With ``nproc`` each precision runs under torchrun on that many DDP ranks instead
+(``ampkit.verify.launch``), plus, when ``nproc`` > 1, a 1-rank run of the same precision for the
+scaling efficiency.
+
 Ctrl-C stops the running worker (terminate, then kill after 10 s) and propagates; the report
 is only written after every run finished, so an interrupted job leaves no partial report.
 """
@@ -66,6 +70,10 @@ class VerifyConfig:
     """Pass/fail thresholds."""
     measure_env: bool = True
     """Measure matmul throughput per dtype for the environment record (about a second per device)."""
+    nproc: int | None = None
+    """Ranks per precision under torchrun with DDP (the task's batch split over them); None: one plain process."""
+    scaling_baseline: bool = True
+    """With ``nproc`` > 1, also run each precision on 1 rank for the scaling efficiency."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +89,13 @@ class Plan:
     eval_every: int
     seed: int
     notes: tuple[str, ...] = ()
+    nproc: int | None = None
+    scaling_baseline: bool = True
+
+    @property
+    def parts(self) -> int:
+        """Runs per precision: 2 when a 1-rank baseline is run for the scaling efficiency."""
+        return 2 if self.nproc is not None and self.nproc > 1 and self.scaling_baseline else 1
 
 
 def default_precisions(device: torch.device) -> tuple[str, ...]:
@@ -112,11 +127,13 @@ def plan(config: VerifyConfig) -> Plan:
     _positive("steps", config.steps, 1)
     _positive("warmup", config.warmup, 0)
     _positive("eval_every", config.eval_every, 1)
+    _positive("nproc", config.nproc, 1)
     try:
         device = resolve_device(config.device)
     except PrecisionError as exc:
         raise VerifyError(str(exc)) from exc
     task = load_task(config.task)
+    _check_nproc(config.nproc, device, task)
     steps = config.steps if config.steps is not None else int(getattr(task, "default_steps", 200))
     warmup = config.warmup if config.warmup is not None else min(int(getattr(task, "default_warmup", 10)), steps // 2)
     if warmup >= steps:
@@ -149,7 +166,22 @@ def plan(config: VerifyConfig) -> Plan:
         # Absolute, so that workers resolve the file the same way whatever their working directory.
         ref = str(Path(head).resolve()) + (f":{attr}" if attr else "")
     return Plan(task=task, task_ref=ref, device=device, precisions=tuple(names), steps=steps, warmup=warmup,
-                eval_every=eval_every, seed=config.seed, notes=tuple(notes))
+                eval_every=eval_every, seed=config.seed, notes=tuple(notes), nproc=config.nproc,
+                scaling_baseline=config.scaling_baseline)
+
+
+def _check_nproc(nproc: int | None, device: torch.device, task: Task) -> None:
+    if nproc is None:
+        return
+    if device.type not in ("cpu", "cuda"):
+        raise VerifyError(f"--nproc {nproc} runs DDP with gloo on CPU or nccl on CUDA; device {device.type!r} has "
+                          "neither: use --device cpu or cuda, or drop --nproc")
+    if device.type == "cuda" and torch.cuda.device_count() < nproc:
+        raise VerifyError(f"--nproc {nproc} needs one GPU per rank, but {torch.cuda.device_count()} are visible: "
+                          "lower --nproc, or set CUDA_VISIBLE_DEVICES")
+    if task.samples_per_batch % nproc:
+        raise VerifyError(f"--nproc {nproc} does not divide task {task.name!r}'s batch of {task.samples_per_batch} "
+                          "samples (each rank takes an equal slice of it): choose a divisor of the batch size")
 
 
 ProgressCallback = Callable[[str, dict[str, Any]], None]
@@ -180,11 +212,25 @@ def _describe_exit(code: int) -> str:
     return f"the worker process exited with code {code} without writing a result"
 
 
-def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
-    """Run one precision in a fresh ``python -m ampkit.verify.worker`` process and return its run record."""
-    spec_path, result_path = workdir / f"{precision}.spec.json", workdir / f"{precision}.result.json"
+def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressCallback | None = None, *,
+                  nproc: int | None = None, part: int = 0) -> dict[str, Any]:
+    """Run one precision in a fresh ``python -m ampkit.verify.worker`` process and return its run record.
+
+    With ``nproc`` the worker runs on that many ranks under torchrun (``ampkit.verify.launch``).
+    ``part`` is passed on in the progress events (1: the 1-rank scaling baseline).
+    """
+    tag = precision if part == 0 else f"{precision}.baseline"
+    spec_path, result_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.result.json"
     spec = {"task": p.task_ref, "precision": precision, "device": str(p.device), "steps": p.steps,
             "warmup": p.warmup, "seed": p.seed, "eval_every": p.eval_every, "result": str(result_path)}
+    if nproc is not None:
+        from ampkit.verify.launch import run_torchrun
+
+        def forward(event: dict[str, Any]) -> None:
+            if on_progress is not None:
+                on_progress(precision, _tagged(event, part))
+
+        return _complete(run_torchrun(spec, nproc, workdir, tag, _worker_env(p.device), forward, PROGRESS_PREFIX))
     spec_path.write_text(json.dumps(spec))
     stdout_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     with open(workdir / f"{precision}.stderr", "wb") as stderr:
@@ -198,7 +244,7 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
             for line in proc.stdout:
                 if line.startswith(PROGRESS_PREFIX):
                     if on_progress is not None:
-                        on_progress(precision, json.loads(line[len(PROGRESS_PREFIX):]))
+                        on_progress(precision, _tagged(json.loads(line[len(PROGRESS_PREFIX):]), part))
                 else:
                     stdout_tail.append(line.rstrip("\n"))
             code = proc.wait()
@@ -222,12 +268,17 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
     return _complete(result)
 
 
+def _tagged(event: dict[str, Any], part: int) -> dict[str, Any]:
+    """A progress event of the 1-rank scaling baseline carries ``part: 1``; the main run's carry none."""
+    return {**event, "part": part} if part else event
+
+
 def _complete(run: dict[str, Any]) -> dict[str, Any]:
     """Give a failed run every key the schema requires, with empty values."""
     defaults: dict[str, Any] = {
         "loss": [], "steps": [], "eval": {}, "eval_history": [], "skipped_steps": 0, "nonfinite_steps": 0,
         "throughput": {}, "peak_memory_bytes": None, "memory": None, "wall_s": None, "init_sha256": None,
-        "data_sha256": None, "error": None, "log_tail": None,
+        "data_sha256": None, "error": None, "log_tail": None, "world_size": 1,
     }
     for key, value in defaults.items():
         run.setdefault(key, value)
@@ -244,9 +295,16 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
     runs = []
     with tempfile.TemporaryDirectory(prefix="ampkit-verify-") as tmp:
         for precision in p.precisions:
-            runs.append(run_precision(p, precision, Path(tmp), on_progress))
+            run = run_precision(p, precision, Path(tmp), on_progress, nproc=p.nproc)
+            if p.parts == 2:
+                assert p.nproc is not None
+                from ampkit.verify.launch import scaling
+
+                baseline = run_precision(p, precision, Path(tmp), on_progress, nproc=1, part=1)
+                run["scaling"] = scaling(run, baseline, p.nproc)
+            runs.append(run)
             if on_progress is not None:
-                on_progress(precision, {"phase": "done", "status": runs[-1]["status"]})
+                on_progress(precision, _tagged({"phase": "done", "status": run["status"]}, p.parts - 1))
     comparison = compare_runs(runs, metrics=dict(p.task.metrics), steps=p.steps, warmup=p.warmup,
                               tol=config.tolerances)
     describe = getattr(p.task, "describe", None)
@@ -272,6 +330,7 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
             "tolerances": config.tolerances.to_dict(),
             "loss_distance": LOSS_DISTANCE_DEFINITION,
             "notes": list(p.notes),
+            "nproc": p.nproc,
         },
         "environment": environment,
         "runs": runs,

@@ -108,6 +108,37 @@ def _md_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines
 
 
+SCALING_HEADER = ["precision", "ranks", "samples/s", "samples/s on 1 rank", "speed-up", "scaling efficiency"]
+SCALING_DEFINITION = ("strong scaling: the task's batch is the global batch, split over the ranks; efficiency = "
+                      "throughput on N ranks / (N × throughput on 1 rank), 1.0 = linear; both runs under torchrun "
+                      "with one thread per rank")
+
+
+def _scaling_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per run of an ``--nproc`` job (empty without ``--nproc``)."""
+    if not report["protocol"].get("nproc"):
+        return []
+    spb = report["task"]["samples_per_batch"]
+    rows = []
+    for r in report["runs"]:
+        sc = r.get("scaling") or {}
+        base = sc.get("baseline_steps_per_s")
+        rows.append([r["precision"], str(r.get("world_size", "—")),
+                     _num((r["throughput"] or {}).get("samples_per_s"), ".1f"),
+                     _num(base * spb if base else None, ".1f"), _ratio(sc.get("speedup")),
+                     _pct(sc.get("efficiency")) if sc else "not measured"])
+    return rows
+
+
+def _ranks_line(report: dict[str, Any]) -> str | None:
+    nproc = report["protocol"].get("nproc")
+    if not nproc:
+        return None
+    backends = sorted({(r.get("launch") or {}).get("backend") or "?" for r in report["runs"]})
+    return (f"Each precision ran on {nproc} rank(s) under torchrun with DDP ({', '.join(backends)}); "
+            f"{SCALING_DEFINITION}.")
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     task, proto = report["task"], report["protocol"]
     metric_names = list(task["metrics"])
@@ -130,6 +161,9 @@ def render_markdown(report: dict[str, Any]) -> str:
           _num((r["throughput"] or {}).get("tokens_per_s"), ".0f"), _mib(r.get("peak_memory_bytes")),
           _mib((r.get("memory") or {}).get("training_bytes")), _num(r.get("wall_s"), ".1f")]
          for r in report["runs"]))
+    scaling = _scaling_rows(report)
+    if scaling:
+        out += ["", "## Scaling", "", _md(_ranks_line(report)), "", *_md_table(SCALING_HEADER, scaling)]
     for r in report["runs"]:
         if r.get("error"):
             out += ["", f"### {_md(r['precision'])}: {_md(r['status'])}", "", "```",
@@ -239,6 +273,9 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
         "checked for every run; throughput excludes the warm-up steps and the evaluations.",
         *proto.get("notes", []),
     ]
+    scaling_rows = [[(_e(c), i > 0) for i, c in enumerate(row)] for row in _scaling_rows(report)]
+    scaling_html = (f"<h2>Scaling</h2>\n<p>{_e(_ranks_line(report))}</p>\n{_html_table(SCALING_HEADER, scaling_rows)}"
+                    if scaling_rows else "")
     info_rows = [[(_e(k), False), (_e(v), False)] for k, v in _flatten(task.get("info") or {})]
     env_rows = [[(_e(k), False), (_e(v), False)] for k, v in _flatten(report["environment"])]
     title = f"ampkit verify: {task['name']}"
@@ -259,6 +296,7 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
 <h2>Runs</h2>
 {_html_table(["precision", "status", "final loss", *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
               "peak memory", "training memory", "wall s", "init sha256"], run_rows)}
+{scaling_html}
 {errors}
 <h2>Protocol and definitions</h2>
 <ul>{"".join(f"<li>{_e(d)}</li>" for d in definitions)}</ul>

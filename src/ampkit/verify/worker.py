@@ -11,11 +11,17 @@ The run:
 1. seed everything, build the model on CPU in fp32 and hash its ``state_dict`` (SHA-256 over
    names, dtypes, shapes and bytes): the harness refuses to compare runs whose hashes differ;
 2. hash the first batches of the task's stream (``data_sha256``): same data order, checked;
-3. train ``steps`` optimizer steps with ``MixedPrecision`` and a ``StepRecorder`` (no host
-   sync per step); the clock starts after ``warmup`` steps and stops around evaluations;
+3. train ``steps`` optimizer steps with ``MixedPrecision`` and ``ampkit.telemetry.Telemetry``
+   (the same step records a user's telemetry gives; ``flush_every`` covers the whole run, so
+   the records are read to the host only at evaluation points, outside the clock, and alarms
+   only warn); the clock starts after ``warmup`` steps and stops around evaluations;
 4. evaluate every ``eval_every`` steps and at the end, under the same autocast; a loss that
    stays non-finite, or a non-finite metric, ends the run as ``diverged``;
 5. write the result atomically.  Progress goes to stdout as ``@ampkit-progress {json}`` lines.
+
+With ``distributed: true`` in the spec (``ampkit verify --nproc N``) the same program runs on
+every rank of a torchrun launch: DDP, ``ampkit.distributed.setup``, each rank on its slice of the
+global batch (``ampkit.verify.ranks``), and only rank 0 writes the result.
 
 On CUDA the fp32 baseline is IEEE fp32 (TF32 off for matmul and cuDNN) and deterministic
 algorithms are requested (``warn_only``), so that repeated runs with one seed agree.
@@ -27,6 +33,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import random
 import resource
 import sys
@@ -143,10 +150,14 @@ def _configure(device: torch.device) -> dict[str, Any]:
 
 def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) -> None:
     from ampkit.engine import MixedPrecision
-    from ampkit.verify.recorder import StepRecorder
+    from ampkit.verify import ranks
     from ampkit.verify.task import load_task
 
     device = torch.device(spec["device"])
+    info = ranks.init(device) if spec.get("distributed") else ranks.RankInfo(0, 1, device)
+    device = info.device
+    live["ranks"] = info
+    result["world_size"] = info.world_size
     steps, warmup, seed, eval_every = spec["steps"], spec["warmup"], spec["seed"], spec["eval_every"]
     result["settings"] = _configure(device)
     task = load_task(spec["task"])
@@ -158,11 +169,16 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
     result["data_sha256"] = data_sha256(task, seed, device, min(steps, DATA_HASH_BATCHES))
     model.to(device)
     optimizer = task.build_optimizer(model)
-    recorder = StepRecorder()
+    recorder = StepLog(steps)
     live["recorder"] = recorder  # lets run() keep the steps recorded before a crash
-    mp = MixedPrecision(spec["precision"], device=device, hooks=[recorder],
+    mp = MixedPrecision(spec["precision"], device=device, telemetry=recorder.telemetry,
                         clip_grad_norm=getattr(task, "clip_grad_norm", None))
-    mp.prepare(model)
+    train_model = _wrap_ddp(model, device) if spec.get("distributed") else model
+    mp.prepare(train_model)
+    if spec.get("distributed"):
+        from ampkit.distributed import setup
+
+        setup(mp)  # same configuration on every rank (checked) and the same skip decision
     stream = iter(task.batches(seed, device))
     clock = _Stopwatch(device)
     history: list[dict[str, Any]] = []
@@ -171,10 +187,11 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
     for step in range(steps):
         if step == warmup:
             clock.start()
-        batch = next(stream)
-        with mp.autocast():
-            loss = task.loss(model, batch)
-        mp.backward(loss)
+        batch = ranks.shard_batch(next(stream), info, task.samples_per_batch)
+        with mp.no_sync(train_model):  # DDP's no_sync covers the forward and the backward
+            with mp.autocast():
+                loss = task.loss(train_model, batch)
+            mp.backward(loss)
         mp.step(optimizer)
         done = step + 1
         emit(phase="train", step=done)
@@ -182,13 +199,58 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
             clock.stop()
             history.append({"step": done, "metrics": _evaluate(task, model, mp, device)})
             reason = _divergence(recorder, history[-1]["metrics"])
-            if reason is not None:
+            if ranks.any_rank(reason is not None, info):  # every rank stops together, or none does
+                reason = reason or "another rank diverged"
                 result["status"], result["error"] = "diverged", f"diverged at step {done}: {reason}"
                 break
             if warmup < done < steps:
                 clock.start()
     clock.stop()
-    _finish(spec, task, recorder, history, clock, result, device, baseline_rss)
+    _finish(spec, task, recorder, history, clock, result, device, baseline_rss, info)
+
+
+def _wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    # DDP broadcasts rank 0's weights at construction; every rank built the same ones anyway
+    # (same seed, hash recorded).  Evaluation uses the bare module: no collectives there.
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+RECORD_KEYS = ("step", "loss", "loss_nonfinite", "scale", "skipped", "grad_norm")
+"""The keys of ``ampkit.telemetry``'s step records that the verify report keeps per step."""
+
+
+class StepLog:
+    """The run's step records, from ``ampkit.telemetry.Telemetry`` with a ``CallbackSink``.
+
+    ``flush_every`` is longer than the run (``steps + 1``: a flush on the last step would sync
+    inside the timed region), so the device rows reach the host only when ``flush()`` is called: at evaluation points (outside the clock) and at the end -- one copy per evaluation
+    instead of one sync per step.  No alarms: verify records a run that goes bad, it does not
+    stop it (divergence is judged here, at evaluation points).  ``watch_inputs`` is off: the
+    per-forward input check is not part of the protocol, and its cost would dilute the measured
+    precision speed-up.
+    """
+
+    def __init__(self, steps: int) -> None:
+        from ampkit.telemetry import CallbackSink, Telemetry
+
+        self._records: list[dict[str, Any]] = []
+        self.telemetry = Telemetry(sinks=[CallbackSink(self._records.append)], flush_every=steps + 1,
+                                   alarms=(), watch_inputs=False)
+
+    def flush(self) -> None:
+        """Read the pending rows to the host (one sync): call it outside the timed region."""
+        self.telemetry.flush()
+
+    def recent_losses(self, count: int) -> list[float]:
+        self.flush()
+        return [r["loss"] for r in self._records[-count:]]
+
+    def records(self) -> list[dict[str, Any]]:
+        """The records so far, ``RECORD_KEYS`` only, as plain Python values."""
+        self.flush()
+        return [{key: r[key] for key in RECORD_KEYS} for r in self._records]
 
 
 def _evaluate(task: Any, model: torch.nn.Module, mp: Any, device: torch.device) -> dict[str, float | None]:
@@ -213,8 +275,12 @@ def _divergence(recorder: Any, metrics: dict[str, float | None]) -> str | None:
     return None
 
 
-def _store_records(recorder: Any, result: dict[str, Any]) -> list[dict[str, Any]]:
+def _store_records(recorder: Any, result: dict[str, Any], info: Any = None) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = recorder.records()
+    if info is not None:
+        from ampkit.verify.ranks import average_step_losses
+
+        average_step_losses(records, info)
     for r in records:
         r["loss"] = _finite_or_none(r["loss"])
         r["grad_norm"] = _finite_or_none(r["grad_norm"])
@@ -226,8 +292,8 @@ def _store_records(recorder: Any, result: dict[str, Any]) -> list[dict[str, Any]
 
 
 def _finish(spec: dict[str, Any], task: Any, recorder: Any, history: list[dict[str, Any]], clock: _Stopwatch,
-            result: dict[str, Any], device: torch.device, baseline_rss: int) -> None:
-    records = _store_records(recorder, result)
+            result: dict[str, Any], device: torch.device, baseline_rss: int, info: Any) -> None:
+    records = _store_records(recorder, result, info)
     result["eval"] = history[-1]["metrics"] if history else {}
     timed_steps = max(0, len(records) - spec["warmup"])
     seconds = clock.total
@@ -291,8 +357,17 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m ampkit.verify.worker SPEC.json (written by `ampkit verify`)", file=sys.stderr)
         return 2
     spec = json.loads(Path(args[0]).read_text())
-    result = _json_safe(run(spec))
-    atomic_write_bytes(spec["result"], json.dumps(result, allow_nan=False).encode())
+    try:
+        result = _json_safe(run(spec))
+    finally:
+        if spec.get("distributed"):
+            from ampkit.verify import ranks
+
+            ranks.close()
+    # Under torchrun rank 0 writes the result (every rank holds the same records after the
+    # reduction); a failing rank's traceback is in its stderr, which the harness reports.
+    if int(os.environ.get("RANK", "0")) == 0:
+        atomic_write_bytes(spec["result"], json.dumps(result, allow_nan=False).encode())
     return 0 if result["status"] == "ok" else 1
 
 

@@ -1,4 +1,4 @@
-"""StepRecorder: the per-step records equal what the engine reports, read back once."""
+"""StepLog: verify's step records come from ampkit.telemetry and equal what the engine reports."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import math
 import torch
 
 import ampkit
-from ampkit.verify.recorder import RECORD_KEYS, StepRecorder
+from ampkit.verify.worker import RECORD_KEYS, StepLog
 
 
 def _train(precision: str, scaler: ampkit.LossScaler | None, inputs: list[torch.Tensor], accumulation: int = 1):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    recorder = StepRecorder()
-    mp = ampkit.MixedPrecision(precision, device="cpu", scaler=scaler, hooks=[recorder],
+    recorder = StepLog(len(inputs))
+    mp = ampkit.MixedPrecision(precision, device="cpu", scaler=scaler, telemetry=recorder.telemetry,
                                grad_accumulation=accumulation)
     mp.prepare(model)
     expected = []
@@ -35,7 +35,7 @@ def _train(precision: str, scaler: ampkit.LossScaler | None, inputs: list[torch.
     return recorder, expected
 
 
-def test_recorder_matches_step_results_with_loss_scaling() -> None:
+def test_steplog_matches_step_results_with_loss_scaling() -> None:
     inputs = [torch.randn(8, 4) for _ in range(6)]
     inputs[3][0, 0] = math.inf  # a non-finite batch: non-finite loss, skipped step, scale backs off
     scaler = ampkit.DynamicLossScaler(init_scale=1024.0, growth_interval=1)
@@ -53,7 +53,7 @@ def test_recorder_matches_step_results_with_loss_scaling() -> None:
     assert [r["scale"] for r in records] == [1024.0, 2048.0, 4096.0, 8192.0, 4096.0, 8192.0]
 
 
-def test_recorder_averages_losses_over_accumulation_window() -> None:
+def test_steplog_averages_losses_over_accumulation_window() -> None:
     inputs = [torch.randn(8, 4) for _ in range(4)]
     recorder, expected = _train("fp32", None, inputs, accumulation=2)
     records = recorder.records()
@@ -62,8 +62,9 @@ def test_recorder_averages_losses_over_accumulation_window() -> None:
         assert math.isclose(got["loss"], want["loss"], rel_tol=1e-6) and got["scale"] == 1.0
 
 
-def test_recorder_keeps_values_on_the_device_until_read() -> None:
+def test_steplog_keeps_values_on_the_device_until_flushed() -> None:
     recorder, _ = _train("bf16", None, [torch.randn(8, 4) for _ in range(3)])
-    assert len(recorder) == 3
-    assert all(isinstance(row, torch.Tensor) and row.shape == (4,) for row in recorder._rows)
+    assert recorder.telemetry.pending == 3  # nothing read to the host during training
     assert len(recorder.recent_losses(2)) == 2
+    assert recorder.telemetry.pending == 0
+    assert [r["step"] for r in recorder.records()] == [1, 2, 3]

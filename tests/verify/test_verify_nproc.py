@@ -1,0 +1,57 @@
+"""`ampkit verify --nproc 2`: every precision under the real torchrun, 2 gloo ranks with DDP."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jsonschema
+import pytest
+from verify_helpers import Job, task_ref, verify
+
+from ampkit.cli.main import main
+from ampkit.verify.report import load_schema
+
+
+@pytest.fixture(scope="module")
+def nproc_job(tmp_path_factory: pytest.TempPathFactory, verify_seed: int) -> Job:
+    # 4 torchrun launches (fp32 and bf16, each on 2 ranks and on the 1-rank baseline): ~25 s on 2 cores.
+    return verify(tmp_path_factory.mktemp("nproc"), task_ref("Regression"), "--precisions", "bf16", "--nproc", "2",
+                  "--steps", "12", "--warmup", "2", "--eval-every", "6", "--seed", str(verify_seed))
+
+
+def test_verify_nproc_runs_every_precision_on_2_ranks_and_validates(nproc_job: Job) -> None:
+    assert nproc_job.code == 0
+    report = nproc_job.report
+    jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert report["protocol"]["nproc"] == 2
+    for precision in ("fp32", "bf16"):
+        run = nproc_job.run(precision)
+        assert run["status"] == "ok", run.get("log_tail")
+        assert run["world_size"] == 2
+        launch = dict(run["launch"])
+        assert isinstance(launch.pop("torchrun_exit"), int)
+        assert launch == {"launcher": "torchrun", "nproc": 2, "backend": "gloo", "omp_num_threads": 1}
+        assert len(run["loss"]) == 12 and all(x is not None for x in run["loss"])
+        sc = run["scaling"]
+        assert sc["baseline_status"] == "ok"
+        rate_2, rate_1 = sc["steps_per_s"], sc["baseline_steps_per_s"]
+        assert rate_2 == run["throughput"]["steps_per_s"]
+        assert math.isclose(sc["efficiency"], rate_2 / (2 * rate_1), rel_tol=1e-9)
+    assert "## Scaling" in (nproc_job.out / "report.md").read_text()
+    assert "scaling efficiency" in (nproc_job.out / "report.html").read_text()
+
+
+def test_verify_nproc_first_loss_equals_one_process(nproc_job: Job, regression_job: Job) -> None:
+    # Step 1 sees the initial weights and the first global batch: the mean of the two ranks'
+    # half-batch losses is the one-process loss of the whole batch, up to fp32 summation order.
+    for precision, tol in (("fp32", 1e-6), ("bf16", 1e-3)):
+        one, two = regression_job.run(precision)["loss"][0], nproc_job.run(precision)["loss"][0]
+        assert math.isclose(two, one, rel_tol=tol), (precision, one, two)
+
+
+def test_verify_nproc_that_does_not_divide_the_batch_exits_2(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["verify", task_ref("Regression"), "--nproc", "3", "--out", str(tmp_path), "--no-progress"])
+    assert code == 2
+    assert "does not divide task 'regression''s batch of 64 samples" in capsys.readouterr().err
