@@ -6,10 +6,11 @@ import time
 
 import torch
 
-__all__ = ["matmul_speedups", "matmul_tflops"]
+__all__ = ["matmul_speedups", "matmul_tflops", "synchronize"]
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op on CPU): the edge of every timed region."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "xpu":
@@ -39,7 +40,7 @@ def matmul_tflops(
     mats = {dt: (torch.randn(n, n, device=dev).to(dt), torch.randn(n, n, device=dev).to(dt)) for dt in dtypes}
     for a, b in mats.values():  # warm-up: first calls pick kernels and allocate
         torch.mm(a, b)
-    _sync(dev)
+    synchronize(dev)
     samples: dict[torch.dtype, list[float]] = {dt: [] for dt in dtypes}
     for _ in range(rounds):
         for dt, (a, b) in mats.items():
@@ -48,7 +49,7 @@ def matmul_tflops(
             while elapsed < min_time_s:
                 torch.mm(a, b)
                 iters += 1
-                _sync(dev)  # a no-op on CPU; on accelerators it bounds the timed region
+                synchronize(dev)  # a no-op on CPU; on accelerators it bounds the timed region
                 elapsed = time.perf_counter() - start
             samples[dt].append(2.0 * n**3 * iters / elapsed / 1e12)
     return {dt: sorted(v)[len(v) // 2] for dt, v in samples.items()}

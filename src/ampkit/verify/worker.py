@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from ampkit._speed import synchronize
+
 PROGRESS_PREFIX = "@ampkit-progress "
 DATA_HASH_BATCHES = 4
 """Batches hashed for ``data_sha256`` (read from a second stream, outside the timed region)."""
@@ -90,15 +92,6 @@ def data_sha256(task: Any, seed: int, device: torch.device, count: int) -> str:
     return digest.hexdigest()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def _rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB, macOS bytes
@@ -117,12 +110,12 @@ class _Stopwatch:
         self._start: float | None = None
 
     def start(self) -> None:
-        _sync(self.device)
+        synchronize(self.device)
         self._start = time.perf_counter()
 
     def stop(self) -> None:
         if self._start is not None:
-            _sync(self.device)
+            synchronize(self.device)
             self.total += time.perf_counter() - self._start
             self._start = None
 
