@@ -209,3 +209,20 @@ def test_engine_skips_step_when_loss_is_nonfinite_but_gradients_are_finite() -> 
     assert torch.equal(w.detach(), before)
     mp.backward((w * w).sum())  # the flag does not leak into the next step
     assert mp.step(opt).applied
+
+
+def test_engine_nonfinite_loss_and_gradients_together_still_skip_fused_step() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    mp = ampkit.MixedPrecision("fp16", device="cpu")
+    x = torch.randn(8, 4)
+    x[0, 0] = float("inf")  # inf loss *and* non-finite gradients in the same step
+    with mp.autocast():
+        loss = model(x).float().pow(2).mean()
+    mp.backward(loss)
+    before = copy.deepcopy(model.state_dict())
+    result = mp.step(opt)
+    assert float(result.found_inf) == 1.0, "fused kernels skip only on found_inf == 1"
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert float(opt.state_dict()["state"][0]["step"]) == 0.0

@@ -277,7 +277,9 @@ class MixedPrecision:
         per_opt_found = [self._unscale(opt) for opt in opts]
         if self._loss_nonfinite is not None:
             for found in per_opt_found:
-                found.add_(self._loss_nonfinite)
+                # Fused optimizers skip only when found_inf == 1.0 exactly (and subtract it from
+                # their step counter), so the flag is merged with max, never summed.
+                torch.maximum(found, self._loss_nonfinite.clamp(max=1.0), out=found)
             self._loss_nonfinite = None
         for hook in self.hooks:
             hook.after_unscale(self, opts)
