@@ -60,7 +60,8 @@ def unscale_and_check_(
         )
     for device, f in per_device.items():
         if device != found_inf.device:
-            found_inf.add_(f.to(found_inf.device, non_blocking=True))
+            # max, not sum: fused optimizers skip only when found_inf is exactly 1.0.
+            torch.maximum(found_inf, f.to(found_inf.device, non_blocking=True), out=found_inf)
     return found_inf
 
 
