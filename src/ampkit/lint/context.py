@@ -109,19 +109,16 @@ class FileContext:
         ``F.softmax`` after ``import torch.nn.functional as F`` is ``torch.nn.functional.softmax``;
         a bare ``torch`` that is never imported (a snippet) still counts as ``torch``.
         """
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
+        key = expr_key(node)
+        if key is None:
             return None
-        base = self.flow.imports.get(node.id)
+        head, dot, rest = key.partition(".")
+        base = self.flow.imports.get(head)
         if base is None:
-            if node.id != "torch" or node.id in self.flow.imports:
+            if head != "torch" or head in self.flow.imports:
                 return None
             base = "torch"
-        parts.append(base)
-        return ".".join(reversed(parts))
+        return base + dot + rest
 
     def lookup(self, key: str, scope: Scope) -> list[ast.expr | None] | None:
         """Every value ``key`` is bound to where ``scope`` sees it; None when it is bound nowhere.
