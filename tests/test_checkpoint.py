@@ -140,7 +140,7 @@ def test_checkpoint_resume_after_sigkill_is_bit_identical(tmp_path) -> None:
 
 
 def test_checkpoint_atomic_write_uses_umask_mode(tmp_path) -> None:
-    from ampkit.checkpoint import atomic_write_bytes
+    from ampkit._util.io import atomic_write_bytes
 
     old = os.umask(0o022)
     try:

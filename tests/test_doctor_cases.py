@@ -98,3 +98,62 @@ def test_doctor_cases_fixed_variant_has_no_error_and_none_of_the_codes(case: dic
     assert not {f["code"] for f in findings if f["severity"] != "info"} & set(case["expect"])
     assert rc == 0
     assert doc["environment"]["exit_status"] == 0
+
+
+# -- stored expectations: the doctor's results on every case, recorded once and compared on each run --
+EXPECTED_PATH = CASES / "expected.json"
+
+
+def _expectation_key(requirement: str | None) -> str:
+    """``any`` for a case whose result does not depend on the machine, else ``REQ=yes|no``."""
+    if requirement is None:
+        return "any"
+    return f"{requirement}={'yes' if _requirement_met(requirement) else 'no'}"
+
+
+def _summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """What must stay the same: each finding's code, severity, module, op and line (file basename)."""
+    rows = []
+    for f in doc["findings"]:
+        location = f["location"]
+        if location is not None:
+            path, _, line = location.rpartition(":")
+            location = f"{Path(path).name}:{line}"
+        rows.append({"code": f["code"], "severity": f["severity"], "module": f["module"], "op": f["op"],
+                     "location": location})
+    unique = {json.dumps(r, sort_keys=True) for r in rows}
+    return [json.loads(r) for r in sorted(unique)]
+
+
+def _variants(case: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    return [("script", case["script"], case.get("requires")), ("fixed", case["fixed"], case.get("fixed_requires"))]
+
+
+@pytest.mark.parametrize("case", MANIFEST["cases"], ids=lambda c: c["name"])
+def test_doctor_cases_results_match_stored_expectations(case: dict[str, Any], tmp_path: Path) -> None:
+    stored = json.loads(EXPECTED_PATH.read_text())["cases"][case["name"]]
+    for variant, script, requirement in _variants(case):
+        key = _expectation_key(requirement)
+        if key not in stored[variant]:
+            continue  # recorded on a machine where the requirement had the other value
+        _, doc = _doctor(CASES / script, tmp_path)
+        assert _summary(doc) == stored[variant][key], f"{case['name']} ({variant}, {key})"
+
+
+def _record(tmp: Path) -> None:
+    """Run every case here and merge the results into expected.json (keys of other machines are kept)."""
+    stored = json.loads(EXPECTED_PATH.read_text()) if EXPECTED_PATH.exists() else {"cases": {}}
+    stored["schema"] = "ampkit.cases-expected/1"
+    for case in MANIFEST["cases"]:
+        entry = stored["cases"].setdefault(case["name"], {"script": {}, "fixed": {}})
+        for variant, script, requirement in _variants(case):
+            _, doc = _doctor(CASES / script, tmp)
+            entry[variant][_expectation_key(requirement)] = _summary(doc)
+    EXPECTED_PATH.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":  # python tests/test_doctor_cases.py  -> re-record tests/cases/expected.json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _record(Path(tmp))

@@ -11,11 +11,9 @@ of one.  Loads use ``torch.load(weights_only=True)``: no pickled code ever runs.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import random
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,50 +23,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from ampkit._util.io import atomic_replace
 from ampkit.engine import MixedPrecision
 
-__all__ = ["CheckpointError", "atomic_write_bytes", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 FORMAT = "ampkit.checkpoint/1"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not fit what it is loaded into."""
-
-
-def _atomic_replace(path: Path, write: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp creates 0600; give the file the mode a plain open() would (0666 minus umask).
-        os.fchmod(fd, 0o666 & ~_current_umask())
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    # Persist the rename itself; without this a power cut can roll the directory entry back.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _current_umask() -> int:
-    mask = os.umask(0o022)  # reading the umask means setting it; restore at once
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename)."""
-    _atomic_replace(Path(path), lambda f: f.write(data))
 
 
 def _as_list(obj: Any) -> list[Any]:
@@ -140,7 +104,7 @@ def save_checkpoint(
         payload["grads"] = _named_grads(model)
     _check_extra(payload["extra"])
     target = Path(path)
-    _atomic_replace(target, lambda f: torch.save(payload, f))
+    atomic_replace(target, lambda f: torch.save(payload, f))
     return target
 
 

@@ -8,7 +8,7 @@
   log2 bits to overflow and to underflow of every module's outputs and parameter gradients,
   one chart per format).  Every user-derived string is escaped with ``html.escape``.
 
-Files are written through ``ampkit.checkpoint.atomic_write_bytes`` (temp file, fsync,
+Files are written through ``ampkit._util.io.atomic_write_bytes`` (temp file, fsync,
 rename): a crash never leaves half a report.
 """
 
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
-from ampkit.checkpoint import atomic_write_bytes
+from ampkit._util.io import atomic_write_bytes
 from ampkit.diagnose._jsonable import jsonable
 from ampkit.diagnose.api import SCHEMA, DiagnosisResult
 from ampkit.diagnose.events import display_module, sort_findings

@@ -36,13 +36,13 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner
 
+from ampkit._util.io import atomic_write_bytes, fsync_dir
 from ampkit.checkpoint import (
     CheckpointError,
     _as_list,
     _check_extra,
     _rng_state,
     _set_rng_state,
-    atomic_write_bytes,
     load_checkpoint,
     save_checkpoint,
 )
@@ -197,14 +197,6 @@ def load_ddp_checkpoint(
 
 
 # -- DCP: a directory of shards --------------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _swap_in(tmp: Path, target: Path) -> None:
     # os.rename cannot replace a non-empty directory: move the old one aside first.  A crash
     # between the two renames leaves both complete directories (the message of
@@ -215,7 +207,7 @@ def _swap_in(tmp: Path, target: Path) -> None:
             shutil.rmtree(old)
         os.rename(target, old)
     os.rename(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     if old.exists():
         shutil.rmtree(old)
 

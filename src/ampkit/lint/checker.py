@@ -194,7 +194,7 @@ def lint_file(path: str, codes: frozenset[str] = ALL_CODES, fix: bool = False) -
 
 def _write_source(path: str, data: bytes) -> None:
     """Replace a source file atomically (temp file, fsync, rename), through symlinks, keeping its mode."""
-    from ampkit.checkpoint import atomic_write_bytes
+    from ampkit._util.io import atomic_write_bytes
 
     target = os.path.realpath(path)
     mode = os.stat(target).st_mode & 0o7777

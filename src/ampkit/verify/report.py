@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ampkit.checkpoint import atomic_write_bytes
+from ampkit._util.io import atomic_write_bytes
 
 __all__ = ["load_schema", "render_html", "render_json", "render_markdown", "summary_table", "write_report"]
 

@@ -343,7 +343,7 @@ def _json_safe(obj: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ampkit.checkpoint import atomic_write_bytes
+    from ampkit._util.io import atomic_write_bytes
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
