@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ampkit.cli.main import main
-from ampkit.diagnose.findings import CODES
+from ampkit.findings import CODES
 
 CASES = Path(__file__).parent / "cases"
 MANIFEST: dict[str, Any] = json.loads((CASES / "manifest.json").read_text())

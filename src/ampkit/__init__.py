@@ -9,9 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ampkit._util.version import __version__
+
 if TYPE_CHECKING:
     from ampkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from ampkit.engine import EngineHook, MixedPrecision, StepResult
+    from ampkit.engine import MixedPrecision
+    from ampkit.hooks import EngineHook, StepResult
     from ampkit.policy import keep_fp32
     from ampkit.precision import Precision, PrecisionError
     from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler
@@ -39,7 +42,7 @@ _LAZY: dict[str, str] = {
     "CallbackSink": "ampkit.telemetry",
     "CheckpointError": "ampkit.checkpoint",
     "DynamicLossScaler": "ampkit.scaler",
-    "EngineHook": "ampkit.engine",
+    "EngineHook": "ampkit.hooks",
     "GradNormSpikeAlarm": "ampkit.telemetry",
     "JsonlSink": "ampkit.telemetry",
     "LossNonFiniteAlarm": "ampkit.telemetry",
@@ -52,7 +55,7 @@ _LAZY: dict[str, str] = {
     "ScaleCollapseAlarm": "ampkit.telemetry",
     "SkipRateAlarm": "ampkit.telemetry",
     "StaticLossScaler": "ampkit.scaler",
-    "StepResult": "ampkit.engine",
+    "StepResult": "ampkit.hooks",
     "Task": "ampkit.verify.task",
     "TaskBase": "ampkit.verify.task",
     "Telemetry": "ampkit.telemetry",
@@ -76,8 +79,6 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(__all__)
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Alarm",

@@ -25,68 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampkit.hooks import EngineHook, StepResult
 from ampkit.policy import Fp32Policy, KeepFp32Rule
 from ampkit.precision import Precision
 from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler, warn_scaler_with_bf16
 
-__all__ = ["EngineHook", "MixedPrecision", "StepResult"]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one ``MixedPrecision.step`` call did.  Tensors stay on the device.
-
-    Reading ``applied`` or ``skipped`` resolves ``found_inf`` on the host (a sync); pass
-    ``found_inf`` / ``grad_norm`` to on-device metrics instead when you want none.
-    """
-
-    boundary: bool
-    """True when this call reached the accumulation boundary and an optimizer step was attempted."""
-    found_inf: torch.Tensor | None = None
-    """float32 scalar, > 0 when non-finite gradients were found and the step was skipped."""
-    grad_norm: torch.Tensor | None = None
-    """The unscaled global gradient norm, before clipping."""
-    scale: torch.Tensor | None = None
-    """The loss scale this step's gradients were produced with (before the update)."""
-    optimizer_step: int = 0
-    """How many boundary steps (applied or skipped) the engine has taken, this one included."""
-
-    @property
-    def skipped(self) -> bool:
-        """True when the update was skipped (a host sync); False between boundaries."""
-        return self.boundary and self.found_inf is not None and bool(self.found_inf.item() > 0)
-
-    @property
-    def applied(self) -> bool:
-        """True when the optimizer updated the parameters (a host sync)."""
-        return self.boundary and not self.skipped
-
-
-class EngineHook:
-    """Observer of an engine's steps; every hook is a no-op by default.
-
-    Telemetry and the doctor's replay subclass this.  Hooks run in the hot path: they must not
-    synchronise with the host unless that is their documented purpose.
-    """
-
-    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
-        """Called once per model when ``prepare`` first records it (before its first forward)."""
-
-    def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
-        """Called with the user's (unscaled, undivided) loss before backward."""
-
-    def after_unscale(self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """Called at the boundary once gradients are unscaled and checked, before clipping."""
-
-    def before_optimizer_step(
-        self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
-        grad_norm: torch.Tensor | None,
-    ) -> None:
-        """Called at the boundary after unscale and clip, before the step-or-skip."""
-
-    def after_step(self, engine: MixedPrecision, result: StepResult,
-                   optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """Called after the scaler update at each boundary (before zero_grad)."""
+__all__ = ["MixedPrecision"]
 
 
 @dataclass

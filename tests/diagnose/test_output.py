@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ampkit.diagnose.api import DiagnosisResult, diagnose_step
-from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.output import render_html, render_terminal, write_html, write_json
+from ampkit.findings import Finding
 
 EVIL = '<script>alert("x")</script>'
 

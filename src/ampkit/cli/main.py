@@ -19,7 +19,7 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ampkit import __version__
+    from ampkit._util.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="ampkit",

@@ -1,6 +1,6 @@
 """Diagnostics: where and why low precision breaks, and what to change.
 
-The public entry points are imported lazily, so ``import ampkit.diagnose.findings`` stays cheap:
+The public entry points are imported lazily, so ``import ampkit.findings`` stays cheap:
 
 * ``diagnose_step(model, run, precision=...)`` -> ``DiagnosisResult`` (``ampkit.diagnose.api``)
 * ``diagnose_task(task, precision)`` (``ampkit.diagnose.task``)

@@ -45,10 +45,10 @@ from ampkit.diagnose.events import (
     producer_finding,
     sort_findings,
 )
-from ampkit.diagnose.findings import Finding, Severity
 from ampkit.diagnose.programs import LossProgram, StepProgram
 from ampkit.diagnose.session import RunResult, Session
 from ampkit.diagnose.stats import FORMATS, finalize_ranges, format_name, headroom, merge_ranges, pending_range
+from ampkit.findings import Finding, Severity
 from ampkit.precision import Precision
 
 __all__ = ["SCHEMA", "DiagnosisResult", "diagnose_program", "diagnose_step"]

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from ampkit.diagnose.events import display_module
-from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.modules import reduction_dtype
+from ampkit.findings import Finding
 
 __all__ = [
     "SQNR_THRESHOLD_DB",

@@ -18,7 +18,7 @@ def collect_environment(device: str | torch.device | None = None) -> dict[str, A
     >>> env["torch"] == torch.__version__ and env["device"] == "cpu"
     True
     """
-    from ampkit import __version__
+    from ampkit._util.version import __version__
     from ampkit.precision import cpu_has_fast_bf16, cpu_has_fast_fp16
 
     env: dict[str, Any] = {

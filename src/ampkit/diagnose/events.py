@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.findings import SEVERITY_ORDER, Finding, Severity
 from ampkit.diagnose.stats import FORMATS, tensor_stats
 from ampkit.diagnose.trace import CAST_OPS, OpError, OpRecord, TraceLog
+from ampkit.findings import SEVERITY_ORDER, Finding, Severity
 
 __all__ = [
     "Producer",

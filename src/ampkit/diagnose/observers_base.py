@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.findings import CODES, SEVERITY_ORDER, Finding, Severity
+from ampkit.findings import CODES, SEVERITY_ORDER, Finding, Severity
 
 __all__ = ["CodeFilter", "Ledger", "PatchSet", "Pending"]
 
@@ -87,9 +87,9 @@ class PatchSet:
 
 
 def _library_dirs() -> tuple[str, ...]:
-    import ampkit
+    from ampkit._util.version import PACKAGE_DIR
 
-    dirs = {str(Path(torch.__file__).resolve().parent), str(Path(ampkit.__file__).resolve().parent)}
+    dirs = {str(Path(torch.__file__).resolve().parent), str(PACKAGE_DIR)}
     paths = sysconfig.get_paths()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         if key in paths:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.observers_amp import dtype_name
 from ampkit.diagnose.perf import low_precision_speed
+from ampkit.findings import Finding
 
 if TYPE_CHECKING:
     from ampkit.diagnose.observers import Context

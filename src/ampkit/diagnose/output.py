@@ -26,8 +26,8 @@ from ampkit._util.io import atomic_write_bytes
 from ampkit.diagnose._jsonable import jsonable
 from ampkit.diagnose.api import SCHEMA, DiagnosisResult
 from ampkit.diagnose.events import display_module, sort_findings
-from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.stats import FORMATS
+from ampkit.findings import Finding
 
 __all__ = ["doctor_document", "render_html", "render_terminal", "write_html", "write_json"]
 

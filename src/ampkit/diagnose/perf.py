@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ampkit._speed import matmul_tflops
-from ampkit.diagnose.findings import Finding
+from ampkit.findings import Finding
 from ampkit.precision import Precision
 
 __all__ = ["SLOW_RATIO", "low_precision_speed"]

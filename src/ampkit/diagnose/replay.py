@@ -57,9 +57,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ampkit.diagnose.events import display_module, sort_findings
-from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.modules import float_tensors
-from ampkit.engine import EngineHook, StepResult
+from ampkit.findings import Finding
+from ampkit.hooks import EngineHook, StepResult
 
 if TYPE_CHECKING:
     from ampkit.diagnose.api import DiagnosisResult

@@ -35,13 +35,13 @@ import torch
 
 from ampkit.diagnose.api import SCHEMA, DiagnosisResult
 from ampkit.diagnose.events import sort_findings
-from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.observers import Context, Failure, Sampler
 from ampkit.diagnose.observers_base import CodeFilter, PatchSet
 from ampkit.diagnose.observers_model import Capture
 from ampkit.diagnose.observers_rules import finalize
 from ampkit.diagnose.script_errors import explain_exception
 from ampkit.diagnose.script_replay import replay_capture, replay_precision
+from ampkit.findings import Finding
 
 __all__ = ["ScriptReport", "merge_findings", "run_script"]
 

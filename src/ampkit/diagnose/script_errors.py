@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.observers_base import CodeFilter
 from ampkit.diagnose.observers_scaler import _ORDER_FIXES
+from ampkit.findings import Finding
 
 __all__ = ["explain_exception"]
 

@@ -22,9 +22,9 @@ import torch
 from ampkit.diagnose.api import DiagnosisResult, diagnose_step
 from ampkit.diagnose.environment import collect_environment
 from ampkit.diagnose.events import sort_findings
-from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.perf import low_precision_speed
 from ampkit.engine import MixedPrecision
+from ampkit.findings import Finding
 from ampkit.precision import Precision
 
 __all__ = ["diagnose_task", "merge_findings"]

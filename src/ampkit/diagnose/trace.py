@@ -108,10 +108,10 @@ class UserFrames:
     """Finds the innermost user frame on the Python stack (cached per file name)."""
 
     def __init__(self, user_paths: Sequence[str] = ()) -> None:
-        import ampkit
+        from ampkit._util.version import PACKAGE_DIR
 
         self.user_paths = tuple(os.path.abspath(p) for p in user_paths)
-        ampkit_dir = os.path.dirname(os.path.abspath(ampkit.__file__))
+        ampkit_dir = str(PACKAGE_DIR)
         self._ampkit_dir = ampkit_dir + os.sep
         self._ampkit_user = os.path.join(ampkit_dir, "tasks") + os.sep  # built-in task models are "user" models
         paths = sysconfig.get_paths()

@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from ampkit.distributed._comm import ProcessGroup, all_gather_bytes, describe_ranks, require_process_group
-from ampkit.engine import EngineHook, MixedPrecision
+from ampkit.engine import MixedPrecision
+from ampkit.hooks import EngineHook
 
 __all__ = [
     "DistributedContext",
@@ -53,7 +54,7 @@ def engine_descriptor(engine: MixedPrecision) -> dict[str, Any]:
 
     Reads the live loss scale from the device (a host sync; setup only).
     """
-    from ampkit import __version__
+    from ampkit._util.version import __version__
 
     rules = [r if isinstance(r, str) else f"{r.__module__}.{r.__qualname__}" for r in engine.policy.rules]
     return {

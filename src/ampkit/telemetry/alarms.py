@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ampkit.diagnose.findings import CODES, Finding
+from ampkit.findings import CODES, Finding
 
 __all__ = [
     "Alarm",

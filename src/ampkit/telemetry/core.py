@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit.engine import EngineHook, MixedPrecision, StepResult
+from ampkit.engine import MixedPrecision
+from ampkit.hooks import EngineHook, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
 from ampkit.telemetry.metrics import COL, GradCounter, MetricBuffer, ModuleAbsmax
 from ampkit.telemetry.sinks import CallbackSink, Sink, SinkFailedWarning

@@ -113,7 +113,7 @@ def collect_environment(*, measure: bool = True, matmul_n: int = 512) -> dict[st
     >>> env["torch"] == torch.__version__, "cpu" in env["autocast"]
     (True, True)
     """
-    from ampkit import __version__
+    from ampkit._util.version import __version__
 
     model, flags = _cpuinfo()
     devices = _devices()

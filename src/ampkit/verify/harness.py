@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-import ampkit
+from ampkit._util.version import PACKAGE_DIR, __version__
 from ampkit.precision import Precision, PrecisionError, resolve_device
 from ampkit.verify.compare import LOSS_DISTANCE_DEFINITION, Tolerances, compare_runs
 from ampkit.verify.task import Task, load_task, split_task_ref
@@ -190,7 +190,7 @@ ProgressCallback = Callable[[str, dict[str, Any]], None]
 
 def _worker_env(device: torch.device) -> dict[str, str]:
     env = dict(os.environ)
-    src = Path(ampkit.__file__).resolve().parent.parent
+    src = PACKAGE_DIR.parent
     if src.name not in ("site-packages", "dist-packages"):
         # A source tree on sys.path (not installed): workers must import this same ampkit.  An
         # installed one is found anyway, and putting site-packages first could shadow the stdlib.
@@ -311,7 +311,7 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "ampkit_version": ampkit.__version__,
+        "ampkit_version": __version__,
         "task": {
             "name": p.task.name,
             "ref": p.task_ref,
