@@ -102,6 +102,9 @@ def test_doctor_cases_fixed_variant_has_no_error_and_none_of_the_codes(case: dic
 
 # -- stored expectations: the doctor's results on every case, recorded once and compared on each run --
 EXPECTED_PATH = CASES / "expected.json"
+TIMED_CODES = frozenset({"SLOW_LOW_PRECISION"})
+"""Findings decided by a timing measurement: a loaded machine can tip them either way, so they are
+left out of the stored comparison (tests/diagnose/test_task.py checks the measurement itself)."""
 
 
 def _expectation_key(requirement: str | None) -> str:
@@ -115,6 +118,8 @@ def _summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """What must stay the same: each finding's code, severity, module, op and line (file basename)."""
     rows = []
     for f in doc["findings"]:
+        if f["code"] in TIMED_CODES:
+            continue
         location = f["location"]
         if location is not None:
             path, _, line = location.rpartition(":")
