@@ -26,3 +26,26 @@ def test_imports_public_names_resolve_lazily() -> None:
     for name in ampkit.__all__:
         assert getattr(ampkit, name) is not None, name
     assert sorted(dir(ampkit)) == sorted(ampkit.__all__)
+
+
+def test_imports_lint_fix_rewrites_without_torch_or_numpy(tmp_path) -> None:
+    # --fix adds the rewrite and the atomic writer (ampkit._util.io) to the plain lint run; neither
+    # may pull in torch or numpy.  The lint package itself loads nothing of ampkit but lint and
+    # _util.io (the CLI's other subcommands are registered by cli.main, so that is checked first).
+    target = tmp_path / "train.py"
+    target.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    code = (
+        "import sys\nimport ampkit.lint.checker, ampkit.lint.fix, ampkit.lint.output\n"
+        "outside = sorted(m for m in sys.modules if m.startswith('ampkit.') and not m.startswith('ampkit.lint')"
+        " and m not in ('ampkit._util', 'ampkit._util.io'))\n"
+        "assert outside == [], f'ampkit.lint imported {outside}'\n"
+        "from ampkit.cli.main import main\n"
+        f"rc = main(['lint', '--fix', {str(target)!r}])\n"
+        "heavy = sorted(m for m in ('torch', 'numpy') if m in sys.modules)\n"
+        "assert heavy == [], f'ampkit lint --fix imported {heavy}'\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fixed 1" in proc.stderr
+    assert target.read_text() == 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'

@@ -1,8 +1,14 @@
 """Golden fixtures: every ``AMPnnn_<name>_{pos,neg}.py`` under fixtures/ is linted with all rules
-and must produce exactly the ``line:col CODE`` lines of its ``.txt`` twin."""
+and must produce exactly the ``line:col CODE message`` lines of its ``.txt`` twin, so a changed
+position, code or message fails here.
+
+After a deliberate change of the linter, ``python tests/lint/test_fixtures.py`` rewrites every
+``.txt`` from the current output; read the diff before committing it.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +16,7 @@ import pytest
 from ampkit.lint import RULES, lint_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN_LINE = re.compile(r"[0-9]+:[0-9]+ AMP[0-9]{3} \S.*")
 CASES = sorted(FIXTURES.glob("AMP[0-9][0-9][0-9]_*_pos.py")) + sorted(FIXTURES.glob("AMP[0-9][0-9][0-9]_*_neg.py"))
 
 
@@ -17,11 +24,23 @@ def _code(path: Path) -> str:
     return path.name.split("_", 1)[0]
 
 
+def _golden(fixture: Path) -> list[str]:
+    """The linter's output on ``fixture`` in the golden format, one ``line:col CODE message`` a violation."""
+    return [f"{v.line}:{v.col} {v.code} {v.message}" for v in lint_source(fixture.read_bytes(), fixture.name)]
+
+
 @pytest.mark.parametrize("fixture", CASES, ids=[p.stem for p in CASES])
 def test_fixtures_match_golden_output(fixture: Path) -> None:
     expected = fixture.with_suffix(".txt").read_text().splitlines()
-    got = [f"{v.line}:{v.col} {v.code}" for v in lint_source(fixture.read_bytes(), fixture.name)]
-    assert got == expected
+    assert _golden(fixture) == expected
+
+
+@pytest.mark.parametrize("fixture", CASES, ids=[p.stem for p in CASES])
+def test_fixtures_golden_lines_carry_the_message(fixture: Path) -> None:
+    text = fixture.with_suffix(".txt").read_text()
+    assert text == "" or text.endswith("\n")
+    for line in text.splitlines():
+        assert GOLDEN_LINE.fullmatch(line), f"not `line:col CODE message`: {line!r}"
 
 
 @pytest.mark.parametrize("fixture", [p for p in CASES if p.stem.endswith("_pos")],
@@ -48,3 +67,8 @@ def test_fixtures_cover_every_rule_both_ways() -> None:
 def test_fixtures_golden_files_have_their_source() -> None:
     orphans = [t.name for t in FIXTURES.glob("AMP*.txt") if not t.with_suffix(".py").exists()]
     assert orphans == []
+
+
+if __name__ == "__main__":
+    for case in CASES:
+        case.with_suffix(".txt").write_text("".join(f"{line}\n" for line in _golden(case)))

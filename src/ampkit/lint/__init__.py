@@ -15,17 +15,10 @@ parse speed: a rule's analysis runs only on files that contain its trigger words
 
 from __future__ import annotations
 
-from ampkit.lint.checker import (
-    ALL_CODES,
-    LintReport,
-    iter_python_files,
-    lint_file,
-    lint_paths,
-    lint_source,
-    parse_codes,
-)
+from ampkit.lint.checker import LintReport, iter_python_files, lint_file, lint_paths, parse_codes
 from ampkit.lint.core import SYNTAX_ERROR, Rule, Violation
 from ampkit.lint.rules import RULES, RULES_BY_CODE
+from ampkit.lint.source import ALL_CODES, lint_source
 
 __all__ = [
     "ALL_CODES",

@@ -21,7 +21,10 @@ __all__ = [
     "const_str",
     "expr_key",
     "fold_constant",
+    "has_star_kwargs",
     "last_name",
+    "name_or_str",
+    "source_pos",
 ]
 
 FP16_MAX = 65504.0
@@ -55,6 +58,25 @@ def last_name(node: ast.AST) -> str | None:
     if isinstance(node, ast.Name):
         return node.id
     return None
+
+
+def name_or_str(node: ast.AST) -> str | None:
+    """The final identifier of a name or ``a.b.c`` chain, or the value of a string literal; else None.
+
+    >>> name_or_str(ast.parse("torch.float32", mode="eval").body), name_or_str(ast.Constant("half"))
+    ('float32', 'half')
+    """
+    return last_name(node) or const_str(node)
+
+
+def source_pos(node: ast.AST) -> tuple[int, int]:
+    """``(line, column offset)`` where ``node`` starts, ``(0, 0)`` for a node without a position:
+    comparing two of them orders nodes in source order.
+
+    >>> source_pos(ast.parse("x = 1").body[0].value)
+    (1, 4)
+    """
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
 
 
 def expr_key(node: ast.AST) -> str | None:
@@ -111,15 +133,6 @@ def const_str(node: ast.AST | None) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     return None
-
-
-def _finfo_dtype(node: ast.AST) -> str | None:
-    # torch.float32 / np.float32 / "float32" / torch.float -> "float32"
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    if isinstance(node, ast.Name):
-        return node.id
-    return const_str(node)
 
 
 def fold_constant(node: ast.AST, depth: int = 0) -> Const | None:
@@ -212,7 +225,7 @@ def _fold_limit(node: ast.Attribute) -> Const | None:
         return Const(1.7976931348623157e308, True)
     if (isinstance(base, ast.Call) and last_name(base.func) == "finfo" and len(base.args) == 1
             and not base.keywords):
-        dtype = _finfo_dtype(base.args[0])
+        dtype = name_or_str(base.args[0])  # torch.float32 / np.float32 / "float32" -> "float32"
         if dtype in _FINFO_MAX:
             return Const(sign * _FINFO_MAX[dtype], True)
     return None

@@ -14,7 +14,7 @@ from functools import cached_property
 from ampkit.lint.astutil import call_arg, const_bool, const_str, expr_key, last_name
 from ampkit.lint.flow import Flow, Scope, Site, build_flow
 
-__all__ = ["Autocast", "FileContext"]
+__all__ = ["CAST_METHODS", "LOW", "TORCH_DTYPE_NAMES", "Autocast", "FileContext", "scaled_receiver"]
 
 DTYPES = {
     "torch.float16": "fp16", "torch.half": "fp16",
@@ -23,6 +23,10 @@ DTYPES = {
     "torch.float64": "fp64", "torch.double": "fp64",
 }
 LOW = ("fp16", "bf16")
+TORCH_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+"""The torch spelling of a low-precision dtype, for messages about a tensor's dtype."""
+CAST_METHODS = {"half": "fp16", "bfloat16": "bf16"}
+"""Tensor/module methods that cast to a low-precision dtype when called without arguments."""
 
 AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"})
 LEGACY_AUTOCAST = {
@@ -186,17 +190,19 @@ class FileContext:
         enabled = True if enabled_node is None else const_bool(enabled_node)
         return Autocast(call, device, dtype, enabled)
 
-    def autocast_withs(self, scope: Scope) -> list[tuple[Site, Autocast]]:
-        """The ``with`` statements of ``scope`` that open an autocast region (not ``enabled=False``)."""
-        found = []
+    def autocast_items(self, scope: Scope) -> Iterator[tuple[Site, Autocast]]:
+        """Each autocast call a ``with`` statement of ``scope`` enters, ``enabled=False`` ones included."""
         for site in scope.withs:
             for item in site.node.items:  # type: ignore[attr-defined]
                 expr = item.context_expr
                 if isinstance(expr, ast.Call):
                     info = self.autocast_info(expr, scope)
-                    if info is not None and info.enabled is not False:
-                        found.append((site, info))
-        return found
+                    if info is not None:
+                        yield site, info
+
+    def autocast_withs(self, scope: Scope) -> list[tuple[Site, Autocast]]:
+        """The ``with`` statements of ``scope`` that open an autocast region (not ``enabled=False``)."""
+        return [(site, info) for site, info in self.autocast_items(scope) if info.enabled is not False]
 
     @cached_property
     def uses_autocast(self) -> bool:
@@ -274,16 +280,24 @@ class FileContext:
             return self.scaler_enabled(construction) is not False
         return key in self.scaler_usage_keys
 
+    def bound_calls(self, key: str, scope: Scope) -> Iterator[ast.Call]:
+        """The calls among the values ``key`` is bound to where ``scope`` sees it."""
+        for value in self.lookup(key, scope) or ():
+            if isinstance(value, ast.Call):
+                yield value
+
+    def is_optimizer_call(self, call: ast.Call) -> bool:
+        """True when ``call`` constructs a torch optimizer (``torch.optim.*`` or a known class name)."""
+        name = self.qualname(call.func) or ""
+        return (name.startswith("torch.optim.") and ".lr_scheduler." not in name) or \
+            last_name(call.func) in OPTIMIZERS
+
     def is_optimizer(self, key: str | None, scope: Scope) -> bool:
         """True when ``key`` is bound to a torch optimizer, or is named like one."""
         if key is None:
             return False
-        for value in self.lookup(key, scope) or ():
-            if isinstance(value, ast.Call):
-                name = self.qualname(value.func) or ""
-                if (name.startswith("torch.optim.") and ".lr_scheduler." not in name) or \
-                        last_name(value.func) in OPTIMIZERS:
-                    return True
+        if any(self.is_optimizer_call(call) for call in self.bound_calls(key, scope)):
+            return True
         last = key.rpartition(".")[2].lower()
         return last in ("opt", "optim", "optimizer") or "optimizer" in last or last.endswith("_opt")
 
@@ -291,12 +305,11 @@ class FileContext:
         """True when ``key`` is bound to a learning-rate scheduler, or is named like one."""
         if key is None:
             return False
-        for value in self.lookup(key, scope) or ():
-            if isinstance(value, ast.Call):
-                name = self.qualname(value.func) or ""
-                callee = last_name(value.func) or ""
-                if ".lr_scheduler." in name or "schedule" in callee.lower() or callee.endswith("LR"):
-                    return True
+        for call in self.bound_calls(key, scope):
+            name = self.qualname(call.func) or ""
+            callee = last_name(call.func) or ""
+            if ".lr_scheduler." in name or "schedule" in callee.lower() or callee.endswith("LR"):
+                return True
         return "sched" in key.rpartition(".")[2].lower()
 
 

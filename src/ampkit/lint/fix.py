@@ -32,6 +32,7 @@ from collections import defaultdict
 from ampkit.lint.context import FileContext
 from ampkit.lint.core import Violation
 from ampkit.lint.rules.api import DEPRECATED, deprecated_references
+from ampkit.lint.source import check_source
 
 __all__ = ["apply_fixes", "fix_source"]
 
@@ -51,9 +52,7 @@ def fix_source(source: str) -> tuple[str, int]:
     scaler = torch.amp.GradScaler("cuda")
      1
     """
-    from ampkit.lint.checker import _lint
-
-    violations, ctx = _lint(source.encode("utf-8"), "<string>", frozenset({"AMP101"}))
+    violations, ctx = check_source(source.encode("utf-8"), "<string>", frozenset({"AMP101"}))
     if ctx is None:
         return source, 0
     data, count = apply_fixes(ctx, violations)

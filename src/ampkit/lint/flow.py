@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from ampkit.lint.astutil import expr_key
+from ampkit.lint.astutil import expr_key, source_pos
 
 __all__ = ["LOOPS", "Flow", "Frame", "Scope", "Site", "build_flow"]
 
@@ -45,8 +45,7 @@ class Site:
 
     @property
     def pos(self) -> tuple[int, int]:
-        node = self.node
-        return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+        return source_pos(self.node)
 
     def loops(self) -> list[ast.stmt]:
         """Enclosing loops whose *body* holds the node, outermost first."""

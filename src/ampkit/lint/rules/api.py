@@ -7,11 +7,11 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ampkit.lint.astutil import call_arg, const_bool, expr_key, has_star_kwargs, last_name
+from ampkit.lint.astutil import call_arg, const_bool, expr_key, has_star_kwargs, last_name, name_or_str
 from ampkit.lint.context import FileContext
 from ampkit.lint.core import Hit, rule
 
-__all__ = ["DEPRECATED", "RULES", "deprecated_message"]
+__all__ = ["DEPRECATED", "RULES", "deprecated_message", "deprecated_references"]
 
 # qualified name -> (device, name in torch.amp)
 DEPRECATED: dict[str, tuple[str, str]] = {}
@@ -93,16 +93,11 @@ def _after_version_return(parent: ast.AST, stmt: ast.stmt) -> bool:
 
 def _is_version_test(test: ast.expr) -> bool:
     for node in ast.walk(test):
-        if isinstance(node, ast.Name):
-            text = node.id
-        elif isinstance(node, ast.Attribute):
-            text = node.attr
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            text = node.value
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        text = name_or_str(node)
+        if text is None:
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
             text = "version" if node.func.id == "hasattr" else ""  # feature detection counts too
-        else:
-            continue
         if _VERSION_WORDS.search(text):
             return True
     return False
@@ -133,11 +128,7 @@ def _is_autograd_function(ctx: FileContext, cls: ast.ClassDef) -> bool:
 def _manages_autocast(cls: ast.ClassDef) -> bool:
     # A Function that reads or re-enters the autocast state itself (torch.utils.checkpoint's
     # CheckpointFunction) has made its own choice; the rule cannot judge it.
-    for node in ast.walk(cls):
-        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
-        if "autocast" in name:
-            return True
-    return False
+    return any("autocast" in (last_name(node) or "") for node in ast.walk(cls))
 
 
 def _is_passthrough(cls: ast.ClassDef) -> bool:

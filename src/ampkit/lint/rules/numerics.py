@@ -8,8 +8,17 @@ import math
 import re
 from collections.abc import Iterator
 
-from ampkit.lint.astutil import BF16_MAX, FP16_MAX, Const, call_arg, expr_key, fold_constant, last_name
-from ampkit.lint.context import LOW, FileContext
+from ampkit.lint.astutil import (
+    BF16_MAX,
+    FP16_MAX,
+    Const,
+    call_arg,
+    expr_key,
+    fold_constant,
+    last_name,
+    source_pos,
+)
+from ampkit.lint.context import CAST_METHODS, LOW, TORCH_DTYPE_NAMES, FileContext
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.flow import Scope, Site
 
@@ -29,6 +38,11 @@ def _out_of_range(node: ast.expr | None, limit: float, ints: bool) -> Const | No
     return const
 
 
+def _to_dtype(ctx: FileContext, call: ast.Call, scope: Scope) -> str | None:
+    """The dtype ``x.to(...)`` converts to, from its ``dtype=`` or first positional argument."""
+    return ctx.dtype_of(call_arg(call, None, "dtype") or next(iter(call.args), None), scope)
+
+
 def _is_fp32(ctx: FileContext, node: ast.AST, scope: Scope, depth: int = 0) -> bool:
     """True when ``node`` is visibly a float32/float64 tensor (``x.float()``, ``.to(torch.float32)``)."""
     if depth > 3:
@@ -37,14 +51,13 @@ def _is_fp32(ctx: FileContext, node: ast.AST, scope: Scope, depth: int = 0) -> b
         if node.func.attr in ("float", "double") and not node.args:
             return True
         if node.func.attr == "to":
-            dtype = call_arg(node, None, "dtype") or next(iter(node.args), None)
-            return ctx.dtype_of(dtype, scope) in ("fp32", "fp64")
+            return _to_dtype(ctx, node, scope) in ("fp32", "fp64")
     if isinstance(node, (ast.Name, ast.Attribute)):
         # `scores = scores.float()` earlier in the scope: silent, even if the name has other bindings.
         key = expr_key(node)
-        use = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+        use = source_pos(node)
         for value in (ctx.lookup(key, scope) or ()) if key else ():
-            if value is not None and (value.lineno, value.col_offset) < use \
+            if value is not None and source_pos(value) < use \
                     and _is_fp32(ctx, value, scope, depth + 1):
                 return True
     return False
@@ -262,7 +275,6 @@ _FACTORIES = frozenset({
     "torch.zeros_like", "torch.ones_like", "torch.empty_like", "torch.full_like",
 })
 _NEW_FACTORIES = frozenset({"new_zeros", "new_ones", "new_empty", "new_full", "new_tensor"})
-_CASTS = {"half": "fp16", "bfloat16": "bf16"}
 
 
 def _low_creation(ctx: FileContext, node: ast.expr | None, scope: Scope) -> str | None:
@@ -275,10 +287,10 @@ def _low_creation(ctx: FileContext, node: ast.expr | None, scope: Scope) -> str 
         dtype = ctx.dtype_of(call_arg(node, None, "dtype"), scope)
         return dtype if dtype in LOW else None
     if isinstance(func, ast.Attribute) and _is_factory(ctx, func.value):
-        if func.attr in _CASTS and not node.args:
-            return _CASTS[func.attr]
+        if func.attr in CAST_METHODS and not node.args:
+            return CAST_METHODS[func.attr]
         if func.attr == "to":
-            dtype = ctx.dtype_of(call_arg(node, None, "dtype") or next(iter(node.args), None), scope)
+            dtype = _to_dtype(ctx, node, scope)
             return dtype if dtype in LOW else None
     return None
 
@@ -337,7 +349,7 @@ def amp114(ctx: FileContext) -> Iterator[Hit]:
             dtypes = {_low_creation(ctx, s.node.value, scope) for s in creations}  # type: ignore[attr-defined]
             if len(dtypes) != 1 or None in dtypes:
                 continue
-            dtype = "float16" if dtypes == {"fp16"} else "bfloat16"
+            dtype = TORCH_DTYPE_NAMES[dtypes.pop()]  # type: ignore[index]
             for node, site in updates:
                 if any(all(not c.inside(loop) for c in creations) for loop in site.loops()):
                     yield node, (f"`{name}` is a {dtype} running sum updated in a loop: once the total is "

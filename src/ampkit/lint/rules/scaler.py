@@ -8,7 +8,7 @@ import ast
 from collections import defaultdict
 from collections.abc import Iterator
 
-from ampkit.lint.astutil import call_arg, const_str, expr_key, last_name
+from ampkit.lint.astutil import call_arg, const_str, expr_key, last_name, source_pos
 from ampkit.lint.context import FileContext, scaled_receiver
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.flow import Scope, Site
@@ -83,7 +83,7 @@ def _is_boundary_test(test: ast.expr) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             return True
-        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        name = last_name(node)
         if name and any(word in name.lower() for word in _BOUNDARY_WORDS):
             return True
     return False
@@ -119,7 +119,7 @@ def _micro_loop(key: str, loop: ast.AST, steps: list[Site], others: list[Site],
     # The optimizer steps after the micro-batch loop, yet update/unscale_ run inside it.
     if any(s.inside(loop) for s in steps):
         return
-    loop_pos = (getattr(loop, "lineno", 0), getattr(loop, "col_offset", 0))
+    loop_pos = source_pos(loop)
     if not any(s.pos > loop_pos for s in steps):
         return
     for site in others:
@@ -178,16 +178,16 @@ def _dict_entries(ctx: FileContext, scope: Scope, obj: ast.expr,
     if not isinstance(obj, ast.Name):
         return None
     # The binding in force at the save: the last one before it in source order.
-    save_pos = (save.lineno, save.col_offset)
+    save_pos = source_pos(save)
     values = scope.bindings.get(obj.id, [])
-    before = [v for v in values if v is not None and (v.lineno, v.col_offset) < save_pos]
-    if not before or len(before) < sum(1 for v in values if v is None or (v.lineno, v.col_offset) < save_pos):
+    before = [v for v in values if v is not None and source_pos(v) < save_pos]
+    if not before or len(before) < sum(1 for v in values if v is None or source_pos(v) < save_pos):
         return None  # unknown bindings (parameters, loop targets) may be the one in force
-    bound = max(before, key=lambda v: (v.lineno, v.col_offset))
+    bound = max(before, key=source_pos)
     entries = _dict_entries(ctx, scope, bound, save)
     if entries is None:
         return None
-    window = ((bound.lineno, bound.col_offset), save_pos)
+    window = (source_pos(bound), save_pos)
     for site in scope.assigns:  # ckpt["scaler"] = scaler.state_dict()
         stmt = site.node
         if isinstance(stmt, ast.Assign) and window[0] < site.pos < window[1]:
@@ -262,11 +262,9 @@ def amp111(ctx: FileContext) -> Iterator[Hit]:
             continue  # no autocast, or an fp16 / undecidable one that does need the scaler
         keys = {key for (kind, key) in _events(ctx, scope) if kind == "backward"}
         for site in scope.calls:
-            func = site.node.func  # type: ignore[attr-defined]
-            if isinstance(func, ast.Attribute) and func.attr == "scale" and site.node.args:  # type: ignore[attr-defined]
-                key = expr_key(func.value)
-                if key:
-                    keys.add(key)
+            key = scaled_receiver(site.node)
+            if key:
+                keys.add(key)
         for key in sorted(keys):
             construction = ctx.scaler_construction(key, scope)
             if construction is None or ctx.scaler_enabled(construction) is not True:

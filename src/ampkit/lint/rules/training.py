@@ -6,14 +6,12 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ampkit.lint.astutil import call_arg, expr_key, last_name
-from ampkit.lint.context import LOW, OPTIMIZERS, FileContext
+from ampkit.lint.astutil import call_arg, expr_key
+from ampkit.lint.context import CAST_METHODS, LOW, TORCH_DTYPE_NAMES, FileContext
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.flow import Scope, Site
 
 __all__ = ["RULES"]
-
-_CASTS = {"half": "float16", "bfloat16": "bfloat16"}
 
 
 def _conversion(ctx: FileContext, site: Site, scope: Scope) -> tuple[str, str] | None:
@@ -23,15 +21,15 @@ def _conversion(ctx: FileContext, site: Site, scope: Scope) -> tuple[str, str] |
     func = call.func
     if not isinstance(func, ast.Attribute):
         return None
-    if func.attr in _CASTS and not call.args and not call.keywords:
-        dtype = _CASTS[func.attr]
+    if func.attr in CAST_METHODS and not call.args and not call.keywords:
+        dtype = TORCH_DTYPE_NAMES[CAST_METHODS[func.attr]]
     elif func.attr == "to":
         candidates = [call_arg(call, None, "dtype"), *call.args]
         found = [ctx.dtype_of(c, scope) for c in candidates if c is not None]
         low = [d for d in found if d in LOW]
         if not low:
             return None
-        dtype = "float16" if low[0] == "fp16" else "bfloat16"
+        dtype = TORCH_DTYPE_NAMES[low[0]]
     else:
         return None
     stmt = site.stmt
@@ -44,9 +42,7 @@ def _conversion(ctx: FileContext, site: Site, scope: Scope) -> tuple[str, str] |
 
 def _optimized_model(ctx: FileContext, call: ast.Call, scope: Scope) -> str | None:
     """The key ``m`` of ``torch.optim.X(m.parameters(), ...)``, else None."""
-    name = ctx.qualname(call.func) or ""
-    if not ((name.startswith("torch.optim.") and ".lr_scheduler." not in name)
-            or last_name(call.func) in OPTIMIZERS):
+    if not ctx.is_optimizer_call(call):
         return None
     params = call_arg(call, 0, "params")
     for _ in range(2):
@@ -106,13 +102,7 @@ def amp108(ctx: FileContext) -> Iterator[Hit]:
         regions = {id(site.node) for site, _ in ctx.autocast_withs(scope)}
         if not regions:
             continue
-        disabled = set()
-        for site in scope.withs:
-            for item in site.node.items:  # type: ignore[attr-defined]
-                if isinstance(item.context_expr, ast.Call):
-                    info = ctx.autocast_info(item.context_expr, scope)
-                    if info is not None and info.enabled is False:
-                        disabled.add(id(site.node))
+        disabled = {id(site.node) for site, info in ctx.autocast_items(scope) if info.enabled is False}
         for site in scope.calls:
             what = None
             for stmt, _ in reversed(site.frames):
