@@ -11,6 +11,9 @@ reused), so a pid counts only while its command line still names the launched pr
 >>> _ = (d / "rank0.pid").write_text(str(os.getpid()))
 >>> live_pids([d / "rank0.pid", d / "rank1.pid"], b"no-such-program") == []
 True
+>>> own = Path("/proc/self/cmdline").read_bytes().split(b"\\0")[0]
+>>> live_pids([d / "rank0.pid", d / "rank1.pid"], own) == [os.getpid()]
+True
 """
 
 from __future__ import annotations
@@ -39,7 +42,14 @@ def live_pids(pid_files: Iterable[Path], marker: bytes) -> list[int]:
 
 
 def signal_groups(pids: Iterable[int], sig: signal.Signals) -> None:
-    """Send ``sig`` to the process group each pid leads; a group that is gone (or not ours) is skipped."""
+    """Send ``sig`` to the process group each pid leads; a group that is gone (or not ours) is skipped.
+
+    >>> import subprocess, sys
+    >>> p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    >>> signal_groups([p.pid], signal.SIGTERM)
+    >>> p.wait() == -signal.SIGTERM
+    True
+    """
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)

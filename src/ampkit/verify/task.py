@@ -15,20 +15,11 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ampkit.tasks import (
-        BUILTIN_TASKS,
-        Task,
-        TaskBase,
-        TaskLoadError,
-        check_task,
-        load_task,
-        split_task_ref,
-    )
+from ampkit import tasks
 
-__all__ = ["BUILTIN_TASKS", "Task", "TaskBase", "TaskLoadError", "check_task", "load_task", "split_task_ref"]
+__all__ = list(tasks.__all__)
 
 
 def __getattr__(name: str) -> Any:
@@ -36,6 +27,4 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'ampkit.verify.task' has no attribute {name!r}")
     warnings.warn(f"ampkit.verify.task.{name} moved to ampkit.tasks.{name}; import it from ampkit.tasks "
                   "(ampkit.verify.task is removed in the next version)", DeprecationWarning, stacklevel=2)
-    import ampkit.tasks
-
-    return getattr(ampkit.tasks, name)
+    return getattr(tasks, name)
