@@ -3,7 +3,7 @@
 ``collect_environment`` has two forms over the same sources:
 
 * brief (the default): versions, platform, the device and whether this CPU is fast at
-  bf16/fp16.  No subprocess, no probing, no timing: cheap enough for every ``ampkit doctor``
+  bf16/fp16.  No subprocess, no autocast probe, no timing: cheap enough for every ``ampkit doctor``
   report, which embeds it under ``environment``.
 * full (``full=True``): what ``ampkit env`` prints and ``report.json`` (``ampkit.verify/1``)
   stores under ``environment``: interpreter, torch build (CUDA/cuDNN/HIP), GPU driver, CPU model
