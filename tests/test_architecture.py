@@ -22,7 +22,6 @@ PACKAGE = SRC / "ampkit"
 LAYERS: dict[str, int] = {
     "ampkit._util": 0,
     "ampkit.precision": 1, "ampkit.scaler": 1, "ampkit.policy": 1, "ampkit.hooks": 1, "ampkit.findings": 1,
-    "ampkit._speed": 1,
     "ampkit.engine": 2, "ampkit.checkpoint": 2, "ampkit.config": 2,
     "ampkit.telemetry": 3, "ampkit.distributed": 3, "ampkit.tasks": 3, "ampkit.env": 3,
     "ampkit.diagnose": 4, "ampkit.verify": 4, "ampkit.integrations": 4, "ampkit.mixed_precision": 4,
@@ -36,15 +35,12 @@ LINT = "ampkit.lint"
 ALLOWED_UPWARD: set[tuple[str, str]] = {
     ("ampkit.engine", "ampkit.diagnose.replay"),
     ("ampkit.engine", "ampkit.telemetry"),
-    ("ampkit.tasks.digits", "ampkit.verify.task"),
-    ("ampkit.tasks.tinygpt", "ampkit.verify.task"),
 }
 ALLOWED_CYCLES: set[frozenset[str]] = {
 }
 # Files and functions over the size limits when this test was written (same rule as above).
 ALLOWED_LONG: set[str] = {
-    "ampkit/diagnose/api.py", "ampkit/engine.py", "ampkit/distributed/_launch.py", "ampkit/distributed/_shard.py",
-    "ampkit/verify/launch.py", "ampkit/verify/report.py",
+    "ampkit/diagnose/api.py", "ampkit/distributed/_shard.py",
 }
 
 MAX_FILE_LINES = 450

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ampkit.policy import keep_fp32
     from ampkit.precision import Precision, PrecisionError
     from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler
+    from ampkit.tasks import Task, TaskBase
     from ampkit.telemetry import (
         Alarm,
         AlarmWarning,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
         TensorBoardSink,
         TrainingStopped,
     )
-    from ampkit.verify.task import Task, TaskBase
 
 # Public name -> defining module, imported on first use: `import ampkit` stays cheap, so
 # `ampkit lint` (pure AST, no torch) starts in milliseconds, e.g. as a pre-commit hook.
@@ -56,8 +56,8 @@ _LAZY: dict[str, str] = {
     "SkipRateAlarm": "ampkit.telemetry",
     "StaticLossScaler": "ampkit.scaler",
     "StepResult": "ampkit.hooks",
-    "Task": "ampkit.verify.task",
-    "TaskBase": "ampkit.verify.task",
+    "Task": "ampkit.tasks",
+    "TaskBase": "ampkit.tasks",
     "Telemetry": "ampkit.telemetry",
     "TensorBoardSink": "ampkit.telemetry",
     "TrainingStopped": "ampkit.telemetry",

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampkit.verify.task import TaskBase
+from ampkit.tasks import TaskBase
 
 
 class Regression(TaskBase):

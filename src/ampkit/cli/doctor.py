@@ -9,7 +9,7 @@ Which one TARGET is:
 * an existing file is a SCRIPT, run as ``__main__`` with ARGS as its ``sys.argv[1:]``;
 * with ``-m``, TARGET is a module run as ``python -m TARGET ARGS...`` would;
 * a path ending in ``.py`` that does not exist is an error (exit 2), never a task;
-* anything else is a TASK reference, resolved by ``ampkit.verify.task.load_task``: a built-in
+* anything else is a TASK reference, resolved by ``ampkit.tasks.load_task``: a built-in
   task name, ``path/to/file.py:attr`` or ``package.module:attr``.  A task takes no ARGS.
 
 Options must come before TARGET; everything after it belongs to the script.  Exit status: 1
@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ampkit.cli.main import UsageError
+from ampkit.cli.errors import UsageError
 
-__all__ = ["register", "run"]
+__all__ = ["is_script", "register", "run"]
 
 
 def register(subparsers: Any) -> None:
@@ -122,15 +122,9 @@ def _run_script(args: argparse.Namespace) -> int:
 
 
 def _run_task(args: argparse.Namespace) -> int:
-    try:
-        from ampkit.verify.task import load_task  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as exc:
-        raise UsageError(
-            f"{args.target!r} is not a file, so it names a task, but task support (ampkit.verify) is not "
-            "available in this installation; pass a training script path instead"
-        ) from exc
     from ampkit.diagnose.output import render_terminal
     from ampkit.diagnose.task import diagnose_task
+    from ampkit.tasks import load_task
 
     try:
         task = load_task(args.target)

@@ -12,7 +12,9 @@ import argparse
 import json
 from typing import Any
 
-from ampkit.cli.main import UsageError
+from ampkit.cli.errors import UsageError
+
+__all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
@@ -28,10 +30,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ampkit.verify.env import collect_environment, format_environment
+    from ampkit.env import collect_environment, format_environment
 
     if args.matmul_n < 16:
         raise UsageError(f"--matmul-n {args.matmul_n}: use a matrix size of at least 16 (default 512)")
-    env = collect_environment(measure=not args.no_measure, matmul_n=args.matmul_n)
+    env = collect_environment(full=True, measure=not args.no_measure, matmul_n=args.matmul_n)
     print(json.dumps(env, indent=2) if args.json else format_environment(env))
     return 0

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from ampkit.cli.main import UsageError
+from ampkit.cli.errors import UsageError
 
 __all__ = ["register", "run"]
 

@@ -10,12 +10,12 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ampkit.cli.errors import UsageError
+
+__all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main"]
+
 # Each entry is a module under ampkit.cli exposing register(subparsers) and run(args) -> int.
 SUBCOMMANDS: tuple[str, ...] = ("doctor", "lint", "verify", "env")
-
-
-class UsageError(Exception):
-    """Bad input from the command line; printed without a traceback, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,8 +50,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Re-import under the package name: run as `python -m ampkit.cli.main`, this module is
-    # __main__, and its UsageError would not be the class the subcommands raise.
-    from ampkit.cli.main import main as package_main
-
-    sys.exit(package_main())
+    sys.exit(main())

@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ampkit.cli.main import UsageError
+from ampkit.cli.errors import UsageError
+
+__all__ = ["register", "run"]
 
 DEFAULT_OUT = "runs/verify"
 
@@ -110,9 +112,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ampkit.tasks import TaskLoadError
     from ampkit.verify.harness import VerifyConfig, VerifyError, plan, run_verify
     from ampkit.verify.report import summary_table, write_report
-    from ampkit.verify.task import TaskLoadError
 
     precisions = None
     if args.precisions is not None:

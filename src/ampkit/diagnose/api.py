@@ -90,7 +90,7 @@ class DiagnosisResult:
         return any(f.severity == "error" for f in self.findings)
 
     def to_json(self, environment: dict[str, Any] | None = None) -> dict[str, Any]:
-        from ampkit.diagnose.environment import collect_environment
+        from ampkit.env import collect_environment
 
         env = environment or self.environment or collect_environment()
         return jsonable({

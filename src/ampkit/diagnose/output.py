@@ -93,7 +93,7 @@ def _render_rich(findings: Sequence[Finding], out: IO[str]) -> None:
 def doctor_document(result_or_findings: DiagnosisResult | Sequence[Finding] | dict[str, Any],
                     environment: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``ampkit.doctor/1`` document for a result, a list of findings, or a finished document."""
-    from ampkit.diagnose.environment import collect_environment
+    from ampkit.env import collect_environment
 
     if isinstance(result_or_findings, DiagnosisResult):
         return result_or_findings.to_json(environment)

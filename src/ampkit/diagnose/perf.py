@@ -1,6 +1,6 @@
 """SLOW_LOW_PRECISION: low precision that is slower than fp32 on this device, measured.
 
-``ampkit._speed.matmul_tflops`` times a square matmul per dtype, interleaved (each round
+``ampkit._util.speed.matmul_tflops`` times a square matmul per dtype, interleaved (each round
 times every dtype back to back), median of the rounds.  A CPU without fp16 units emulates
 fp16 matmuls and runs them tens of times slower than fp32; the finding names the measured
 ratio and the fastest format of the device.  The matmul is 512×512: small enough to take about
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ampkit._speed import matmul_tflops
+from ampkit._util.speed import matmul_tflops
 from ampkit.findings import Finding
 from ampkit.precision import Precision
 

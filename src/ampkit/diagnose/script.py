@@ -71,7 +71,7 @@ class ScriptReport:
         return any(f.severity == "error" for f in self.findings)
 
     def environment(self) -> dict[str, Any]:
-        from ampkit.diagnose.environment import collect_environment
+        from ampkit.env import collect_environment
 
         env = collect_environment(self.device)
         env.update({"script": self.script, "argv": self.argv, "exit_status": self.exit_status, "steps": self.steps,

@@ -1,6 +1,6 @@
 """``diagnose_task``: the doctor on a Task (``ampkit doctor TASK``).
 
-A Task (``ampkit.verify.task``) builds a model, an optimizer, batches and a loss.  The
+A Task (``ampkit.tasks``) builds a model, an optimizer, batches and a loss.  The
 diagnosis:
 
 1. diagnoses the first batch with ``diagnose_step`` (op-level trace, FP32 shadow, bisection,
@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from ampkit.diagnose.api import DiagnosisResult, diagnose_step
-from ampkit.diagnose.environment import collect_environment
 from ampkit.diagnose.events import sort_findings
 from ampkit.diagnose.perf import low_precision_speed
 from ampkit.engine import MixedPrecision
+from ampkit.env import collect_environment
 from ampkit.findings import Finding
 from ampkit.precision import Precision
 

@@ -13,7 +13,6 @@ every worker's process group -- is terminated, then killed.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
@@ -29,6 +28,7 @@ from typing import Literal
 
 import torch
 
+from ampkit._util.procs import live_pids, signal_groups
 from ampkit.distributed._rank_main import RANK_DIR_ENV
 
 __all__ = ["BACKEND_ENV", "RankResult", "TorchrunResult", "default_backend", "launch_torchrun", "scaling_efficiency"]
@@ -119,34 +119,18 @@ def _validate(nproc: int, module: str, timeout: float) -> None:
         raise ValueError(f"launch_torchrun(timeout={timeout!r}): must be a number of seconds > 0")
 
 
-def _worker_pid(log_dir: Path, rank: int) -> int | None:
-    try:
-        pid = int((log_dir / f"rank{rank}.pid").read_text())
-    except (OSError, ValueError):
-        return None
-    # Only a process that is still this launch's worker: pids are reused.
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return pid if b"ampkit.distributed._rank_main" in cmdline else None
-
-
-def _signal_all(proc: subprocess.Popen[bytes], log_dir: Path, nproc: int, sig: signal.Signals) -> None:
-    targets = [proc.pid] + [p for r in range(nproc) if (p := _worker_pid(log_dir, r)) is not None]
-    for pid in targets:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
+def _live_workers(log_dir: Path, nproc: int) -> list[int]:
+    return live_pids((log_dir / f"rank{r}.pid" for r in range(nproc)), b"ampkit.distributed._rank_main")
 
 
 def _kill_launch(proc: subprocess.Popen[bytes], log_dir: Path, nproc: int) -> None:
     # torchrun leads its own session and so does each worker: SIGTERM lets torchrun's agent
     # stop its workers; whatever is left after the grace period is killed.
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        _signal_all(proc, log_dir, nproc, sig)
+        signal_groups([proc.pid, *_live_workers(log_dir, nproc)], sig)
         deadline = time.monotonic() + _GRACE_S
         while time.monotonic() < deadline:
-            if proc.poll() is not None and all(_worker_pid(log_dir, r) is None for r in range(nproc)):
+            if proc.poll() is not None and not _live_workers(log_dir, nproc):
                 return
             time.sleep(0.1)
     proc.wait()
@@ -210,6 +194,14 @@ def launch_torchrun(
             _kill_launch(proc, out, nproc)
     wall = time.perf_counter() - start
     launcher = _read(out / "launcher.log")
+    return TorchrunResult(
+        returncode=None if timed_out else proc.returncode, ranks=_rank_results(out, nproc, launcher),
+        timed_out=timed_out, launcher_output=launcher, wall_s=wall, log_dir=out,
+    )
+
+
+def _rank_results(out: Path, nproc: int, launcher: str) -> list[RankResult]:
+    """Each rank's exit code (its ``.exit`` file, else torchrun's failure summary) and output."""
     reported = {int(r): int(c) for r, c in _SUMMARY.findall(launcher)}
     ranks = []
     for rank in range(nproc):
@@ -221,10 +213,7 @@ def launch_torchrun(
         else:
             code = None
         ranks.append(RankResult(rank, code, _read(out / f"rank{rank}.stdout"), _read(out / f"rank{rank}.stderr")))
-    return TorchrunResult(
-        returncode=None if timed_out else proc.returncode, ranks=ranks, timed_out=timed_out,
-        launcher_output=launcher, wall_s=wall, log_dir=out,
-    )
+    return ranks
 
 
 def scaling_efficiency(t1: float, tN: float, n: int, *, scaling: Literal["strong", "weak"] = "strong") -> float:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampkit.verify.task import TaskBase
+from ampkit.tasks.base import TaskBase
 
 __all__ = ["DigitsNet", "DigitsTask", "load_digits_tensors"]
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampkit.tasks.base import TaskBase
 from ampkit.tasks.gpt import GPT, GPTConfig
-from ampkit.verify.task import TaskBase
 
 __all__ = ["StdlibCorpus", "TinyGPTTask", "stdlib_corpus"]
 

@@ -16,12 +16,13 @@ disabled; training goes on.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from ampkit._util.jsonfloat import NONFINITE_AS_TOKEN, dumps
 
 __all__ = ["CallbackSink", "JsonlSink", "ProgressSink", "Sink", "SinkFailedWarning", "TensorBoardSink"]
 
@@ -84,7 +85,7 @@ class JsonlSink(Sink):
 
     def write(self, records: Sequence[Record]) -> None:
         # One write call per flush: lines of a flush are not interleaved with another writer's.
-        self._file.write("".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
+        self._file.write("".join(dumps(r, NONFINITE_AS_TOKEN) + "\n" for r in records))
         self._file.flush()
         if self.fsync:
             os.fsync(self._file.fileno())

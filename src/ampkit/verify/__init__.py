@@ -1,24 +1,20 @@
-"""``ampkit verify``: the FP32-baseline protocol (task, harness, comparison, report).
+"""``ampkit verify``: the FP32-baseline protocol (harness, worker, comparison, report, charts, launch).
 
 The submodules import torch-heavy and optional pieces (matplotlib, rich) lazily, so importing
 ``ampkit.verify`` itself stays cheap: the CLI imports ``ampkit.verify.compare`` (pure Python)
-to build its parser without paying for torch.
+to build its parser without paying for torch.  The task protocol it runs lives in
+``ampkit.tasks``; ``Task``, ``TaskBase``, ``TaskLoadError`` and ``load_task`` are re-exported here.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ampkit._util.lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from ampkit.verify.task import Task, TaskBase, TaskLoadError, load_task
+    from ampkit.tasks import Task, TaskBase, TaskLoadError, load_task
 
 __all__ = ["Task", "TaskBase", "TaskLoadError", "load_task"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module 'ampkit.verify' has no attribute {name!r}")
-    value = getattr(importlib.import_module("ampkit.verify.task"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_attributes(__name__, dict.fromkeys(__all__, "ampkit.tasks"))

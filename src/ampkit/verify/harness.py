@@ -34,8 +34,8 @@ import torch
 
 from ampkit._util.version import PACKAGE_DIR, __version__
 from ampkit.precision import Precision, PrecisionError, resolve_device
+from ampkit.tasks import Task, load_task, split_task_ref
 from ampkit.verify.compare import LOSS_DISTANCE_DEFINITION, Tolerances, compare_runs
-from ampkit.verify.task import Task, load_task, split_task_ref
 from ampkit.verify.worker import PROGRESS_PREFIX
 
 __all__ = ["SCHEMA", "Plan", "VerifyConfig", "VerifyError", "default_precisions", "plan", "run_verify"]
@@ -288,10 +288,10 @@ def _complete(run: dict[str, Any]) -> dict[str, Any]:
 def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = None,
                resolved: Plan | None = None) -> dict[str, Any]:
     """Run the protocol and return the ``ampkit.verify/1`` report (nothing is written)."""
-    from ampkit.verify.env import collect_environment
+    from ampkit.env import collect_environment
 
     p = resolved if resolved is not None else plan(config)
-    environment = collect_environment(measure=config.measure_env)
+    environment = collect_environment(full=True, measure=config.measure_env)
     runs = []
     with tempfile.TemporaryDirectory(prefix="ampkit-verify-") as tmp:
         for precision in p.precisions:

@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ampkit._util.procs import live_pids, signal_groups
+
+if TYPE_CHECKING:
+    from ampkit.distributed import TorchrunResult
+
+__all__ = ["LAUNCH_TIMEOUT_S", "run_torchrun", "scaling"]
 
 LAUNCH_TIMEOUT_S = 6 * 3600.0
 """A whole launch may take this long; a rank that fails makes torchrun stop the others at once,
@@ -31,12 +37,7 @@ _POLL_S = 0.2
 
 def _kill_ranks(log_dir: Path) -> None:
     """SIGKILL this launch's ranks (each leads its own process group); torchrun then exits."""
-    for pid_file in log_dir.glob("rank*.pid"):
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text())
-            # Only a process that is still one of these ranks: pids are reused.
-            if b"ampkit.verify.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.killpg(pid, signal.SIGKILL)
+    signal_groups(live_pids(log_dir.glob("rank*.pid"), b"ampkit.verify.worker"), signal.SIGKILL)
 
 
 def run_torchrun(spec: dict[str, Any], nproc: int, workdir: Path, tag: str, env: dict[str, str],
@@ -44,7 +45,7 @@ def run_torchrun(spec: dict[str, Any], nproc: int, workdir: Path, tag: str, env:
     """Run the worker on ``nproc`` ranks; return rank 0's result, or a ``failed`` record."""
     from ampkit.distributed import launch_torchrun
 
-    device_type = spec["device"].split(":")[0]
+    backend = "nccl" if spec["device"].split(":")[0] == "cuda" else "gloo"
     spec = {**spec, "distributed": True}
     spec_path = workdir / f"{tag}.spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -54,15 +55,26 @@ def run_torchrun(spec: dict[str, Any], nproc: int, workdir: Path, tag: str, env:
 
     def launch() -> None:
         try:
-            outcome["launch"] = launch_torchrun(
-                nproc, "ampkit.verify.worker", [str(spec_path)], timeout=LAUNCH_TIMEOUT_S, env=env,
-                log_dir=log_dir, backend="nccl" if device_type == "cuda" else "gloo",
-            )
+            outcome["launch"] = launch_torchrun(nproc, "ampkit.verify.worker", [str(spec_path)],
+                                                timeout=LAUNCH_TIMEOUT_S, env=env, log_dir=log_dir, backend=backend)
         except BaseException as exc:  # reported below, in the calling thread
             outcome["error"] = exc
 
     thread = threading.Thread(target=launch, name=f"torchrun-{tag}", daemon=True)
     thread.start()
+    _follow(thread, log_dir, on_event, progress_prefix)
+    if "error" in outcome:
+        raise outcome["error"]
+    result = _rank0_result(spec, nproc, outcome["launch"])
+    result["world_size"] = nproc
+    result["launch"] = {"launcher": "torchrun", "nproc": nproc, "backend": backend, "omp_num_threads": 1,
+                        "torchrun_exit": outcome["launch"].returncode}
+    return result
+
+
+def _follow(thread: threading.Thread, log_dir: Path, on_event: Callable[[dict[str, Any]], None] | None,
+            progress_prefix: str) -> None:
+    """Forward rank 0's progress until the launch thread ends; on Ctrl-C no rank may outlive the job."""
     offset = 0
     try:
         while True:
@@ -71,14 +83,15 @@ def run_torchrun(spec: dict[str, Any], nproc: int, workdir: Path, tag: str, env:
             if not alive:
                 break
             thread.join(_POLL_S)
-    except BaseException:  # Ctrl-C: no rank may outlive the job
+    except BaseException:
         _kill_ranks(log_dir)
         thread.join(30)
         raise
-    if "error" in outcome:
-        raise outcome["error"]
+
+
+def _rank0_result(spec: dict[str, Any], nproc: int, launch_result: TorchrunResult) -> dict[str, Any]:
+    """Rank 0's result file, failed when rank 0 wrote none or another rank did not finish cleanly."""
     result_file = Path(spec["result"])
-    launch_result = outcome["launch"]
     result: dict[str, Any]
     if result_file.exists():
         result = json.loads(result_file.read_text())
@@ -97,10 +110,6 @@ def run_torchrun(spec: dict[str, Any], nproc: int, workdir: Path, tag: str, env:
         # Every rank exited 0, so the run and its measurements are complete; torchrun's own
         # exit status (its agent's shutdown) is kept as evidence, not turned into a failure.
         result["log_tail"] = launch_result.launcher_output[-4000:] or None
-    result["world_size"] = nproc
-    result["launch"] = {"launcher": "torchrun", "nproc": nproc,
-                        "backend": "nccl" if device_type == "cuda" else "gloo", "omp_num_threads": 1,
-                        "torchrun_exit": launch_result.returncode}
     return result
 
 

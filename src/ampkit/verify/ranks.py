@@ -31,10 +31,6 @@ class RankInfo:
     def __init__(self, rank: int, world_size: int, device: torch.device) -> None:
         self.rank, self.world_size, self.device = rank, world_size, device
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 def init(device: torch.device) -> RankInfo:
     """Join torchrun's process group; on CUDA each rank takes the GPU of its local rank."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import html
 import json
-import math
 import os
 import signal
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ampkit._util.io import atomic_write_bytes
+from ampkit._util.jsonfloat import NONFINITE_AS_NULL, dumps
 
 __all__ = ["load_schema", "render_html", "render_json", "render_markdown", "summary_table", "write_report"]
 
@@ -40,19 +40,9 @@ def load_schema() -> dict[str, Any]:
     return schema
 
 
-def _finite(obj: Any) -> Any:
-    """Replace NaN/inf floats by None: strict JSON has no such numbers."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def render_json(report: dict[str, Any]) -> bytes:
-    return (json.dumps(_finite(report), indent=1, allow_nan=False) + "\n").encode()
+    """``report.json``'s bytes: non-finite floats become ``null``, the ``ampkit.verify/1`` policy."""
+    return (dumps(report, NONFINITE_AS_NULL, indent=1) + "\n").encode()
 
 
 # -- small formatters -----------------------------------------------------------------------------
@@ -230,11 +220,8 @@ def _html_table(header: list[str], rows: Iterable[list[tuple[str, bool]]]) -> st
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
-    """One self-contained page; ``charts`` are trusted SVG from ``ampkit.verify.charts``."""
-    task, proto = report["task"], report["protocol"]
-    verdict = report["verdict"]
-    verdict_rows = [
+def _verdict_rows(report: dict[str, Any]) -> list[list[tuple[str, bool]]]:
+    return [
         [(f'<span class="badge {_e(c["verdict"])}">{_e(c["verdict"].upper())}</span> {_e(c["precision"])}', False),
          (_e(_pct(c.get("loss_distance"))), True), (_e(_metric_deltas(c)), False),
          (_e(_pct(c.get("skipped_fraction"))), True), (_e(_ratio(c.get("speedup"))), True),
@@ -242,8 +229,10 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
          ("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in c["reasons"] + c.get("notes", [])) + "</ul>", False)]
         for c in report["comparison"]
     ]
-    metric_names = list(task["metrics"])
-    run_rows = [
+
+
+def _run_rows(report: dict[str, Any]) -> list[list[tuple[str, bool]]]:
+    return [
         [(_e(r["precision"]), False), (_e(r["status"]), False), (_e(_num(_final_loss(r))), True),
          *[(_e(v), True) for v in _metric_cells(report, r)], (_e(r["skipped_steps"]), True),
          (_e(r["nonfinite_steps"]), True), (_e(_num((r["throughput"] or {}).get("samples_per_s"), ".1f")), True),
@@ -252,17 +241,11 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
          (_e(_num(r.get("wall_s"), ".1f")), True), (f"<code>{_e((r.get('init_sha256') or '—')[:16])}</code>", False)]
         for r in report["runs"]
     ]
-    errors = "".join(
-        f"<h3>{_e(r['precision'])}: {_e(r['status'])}</h3><pre>{_e(r['error'])}"
-        + (f"\n\n{_e(r['log_tail'])}" if r.get("log_tail") else "") + "</pre>"
-        for r in report["runs"] if r.get("error")
-    )
-    chart_html = "".join(
-        f'<div class="chart{" wide" if name == "eval" and len(task["metrics"]) > 1 else ""}">{svg}</div>'
-        for name, svg in charts.items()
-    )
+
+
+def _definitions(proto: dict[str, Any]) -> list[str]:
     tol = proto["tolerances"]
-    definitions = [
+    return [
         f"Loss-curve distance: {proto['loss_distance']}. Tolerance {tol['loss']:.2%}.",
         f"Metric change: relative worsening against fp32 (better never fails). Tolerance {tol['metric']:.2%}"
         + (f", per metric {tol['metric_overrides']}" if tol["metric_overrides"] else "") + ".",
@@ -273,6 +256,22 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
         "checked for every run; throughput excludes the warm-up steps and the evaluations.",
         *proto.get("notes", []),
     ]
+
+
+def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
+    """One self-contained page; ``charts`` are trusted SVG from ``ampkit.verify.charts``."""
+    task, proto = report["task"], report["protocol"]
+    verdict = report["verdict"]
+    metric_names = list(task["metrics"])
+    errors = "".join(
+        f"<h3>{_e(r['precision'])}: {_e(r['status'])}</h3><pre>{_e(r['error'])}"
+        + (f"\n\n{_e(r['log_tail'])}" if r.get("log_tail") else "") + "</pre>"
+        for r in report["runs"] if r.get("error")
+    )
+    chart_html = "".join(
+        f'<div class="chart{" wide" if name == "eval" and len(task["metrics"]) > 1 else ""}">{svg}</div>'
+        for name, svg in charts.items()
+    )
     scaling_rows = [[(_e(c), i > 0) for i, c in enumerate(row)] for row in _scaling_rows(report)]
     scaling_html = (f"<h2>Scaling</h2>\n<p>{_e(_ranks_line(report))}</p>\n{_html_table(SCALING_HEADER, scaling_rows)}"
                     if scaling_rows else "")
@@ -290,16 +289,17 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
 ({_e(proto['warmup'])} warm-up) · seed {_e(proto['seed'])} · eval every {_e(proto['eval_every'])} steps ·
 {_e(report['created'])} · ampkit {_e(report['ampkit_version'])}</p>
 <h2>Verdict against fp32</h2>
-{_html_table(["precision", "loss distance", "metric change", "skipped", "speed-up", "memory", "reasons"], verdict_rows)}
+{_html_table(["precision", "loss distance", "metric change", "skipped", "speed-up", "memory", "reasons"],
+             _verdict_rows(report))}
 <h2>Charts</h2>
 <div class="charts">{chart_html}</div>
 <h2>Runs</h2>
 {_html_table(["precision", "status", "final loss", *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
-              "peak memory", "training memory", "wall s", "init sha256"], run_rows)}
+              "peak memory", "training memory", "wall s", "init sha256"], _run_rows(report))}
 {scaling_html}
 {errors}
 <h2>Protocol and definitions</h2>
-<ul>{"".join(f"<li>{_e(d)}</li>" for d in definitions)}</ul>
+<ul>{"".join(f"<li>{_e(d)}</li>" for d in _definitions(proto))}</ul>
 <h2>Task</h2>
 {_html_table(["key", "value"], info_rows) if info_rows else "<p>—</p>"}
 <h2>Environment</h2>

@@ -44,7 +44,11 @@ from typing import Any
 
 import torch
 
-from ampkit._speed import synchronize
+from ampkit._util.jsonfloat import NONFINITE_AS_NULL, dumps, to_json
+from ampkit._util.speed import synchronize
+
+__all__ = ["DATA_HASH_BATCHES", "DIVERGENCE_WINDOW", "PROGRESS_PREFIX", "RECORD_KEYS", "StepLog", "data_sha256",
+           "emit", "main", "run", "state_sha256", "train"]
 
 PROGRESS_PREFIX = "@ampkit-progress "
 DATA_HASH_BATCHES = 4
@@ -97,10 +101,6 @@ def _rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB, macOS bytes
 
 
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 class _Stopwatch:
     """Accumulates time over segments; each edge synchronises the device so queued work is counted."""
 
@@ -143,8 +143,8 @@ def _configure(device: torch.device) -> dict[str, Any]:
 
 def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) -> None:
     from ampkit.engine import MixedPrecision
+    from ampkit.tasks import load_task
     from ampkit.verify import ranks
-    from ampkit.verify.task import load_task
 
     device = torch.device(spec["device"])
     info = ranks.init(device) if spec.get("distributed") else ranks.RankInfo(0, 1, device)
@@ -255,7 +255,7 @@ def _evaluate(task: Any, model: torch.nn.Module, mp: Any, device: torch.device) 
     if missing:
         raise RuntimeError(f"task {task.name!r}: evaluate() returned {sorted(metrics)} but declares metrics "
                            f"{sorted(task.metrics)}; missing {missing}")
-    return {name: _finite_or_none(float(metrics[name])) for name in task.metrics}
+    return {name: to_json(float(metrics[name]), NONFINITE_AS_NULL) for name in task.metrics}
 
 
 def _divergence(recorder: Any, metrics: dict[str, float | None]) -> str | None:
@@ -275,8 +275,8 @@ def _store_records(recorder: Any, result: dict[str, Any], info: Any = None) -> l
 
         average_step_losses(records, info)
     for r in records:
-        r["loss"] = _finite_or_none(r["loss"])
-        r["grad_norm"] = _finite_or_none(r["grad_norm"])
+        r["loss"] = to_json(r["loss"], NONFINITE_AS_NULL)
+        r["grad_norm"] = to_json(r["grad_norm"], NONFINITE_AS_NULL)
     result["steps"] = records
     result["loss"] = [r["loss"] for r in records]
     result["skipped_steps"] = sum(r["skipped"] for r in records)
@@ -331,17 +331,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _json_safe(obj: Any) -> Any:
-    """Non-finite floats become None (strict JSON has no NaN); a task's values may hold them anywhere."""
-    if isinstance(obj, float):
-        return _finite_or_none(obj)
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
 def main(argv: list[str] | None = None) -> int:
     from ampkit._util.io import atomic_write_bytes
 
@@ -351,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = json.loads(Path(args[0]).read_text())
     try:
-        result = _json_safe(run(spec))
+        result = run(spec)
     finally:
         if spec.get("distributed"):
             from ampkit.verify import ranks
@@ -360,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     # Under torchrun rank 0 writes the result (every rank holds the same records after the
     # reduction); a failing rank's traceback is in its stderr, which the harness reports.
     if int(os.environ.get("RANK", "0")) == 0:
-        atomic_write_bytes(spec["result"], json.dumps(result, allow_nan=False).encode())
+        atomic_write_bytes(spec["result"], dumps(result, NONFINITE_AS_NULL).encode())
     return 0 if result["status"] == "ok" else 1
 
 

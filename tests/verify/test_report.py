@@ -1,18 +1,15 @@
-"""The report files: escaping, rendering in a real browser, and throughput that agrees with another clock."""
+"""The report files: escaping and rendering in a real browser."""
 
 from __future__ import annotations
 
 import re
 import shutil
-import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from verify_helpers import Job, task_ref, verify
 
-from ampkit.verify.harness import VerifyConfig, run_verify
+from tests.verify.verify_helpers import Job, task_ref, verify
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -76,31 +73,3 @@ def test_report_escapes_names_from_user_code(tmp_path: Path) -> None:
     if any(shutil.which(n) for n in CHROMIUM_NAMES):
         dom, log = _dump_dom(tmp_path / "report.html")
         assert "<script" not in dom and "<img" not in dom and _page_errors(log) == []
-
-
-def test_report_throughput_agrees_with_an_independent_clock() -> None:
-    """The worker's samples/s against the parent's own clock on the same run's progress lines.
-
-    The parent timestamps every step as it arrives over the pipe, in another process with another
-    clock; the mean step interval after warm-up (the intervals that hold an evaluation left out)
-    gives an independent samples/s.  Both watch the same steps at the same time, so load on a
-    shared machine moves both alike: this is an agreement check, not a speed assertion.  It
-    catches warm-up or evaluation time counted as training, or a wrong step or sample count.
-    """
-    steps, warmup, eval_every = 60, 10, 30
-    config = VerifyConfig(task=task_ref("WideRegression"), precisions=("fp32",), steps=steps, warmup=warmup,
-                          eval_every=eval_every, measure_env=False)
-    arrivals: dict[int, float] = {}
-
-    def on_progress(precision: str, event: dict) -> None:
-        if event["phase"] == "train":
-            arrivals[event["step"]] = time.perf_counter()
-
-    report = run_verify(config, on_progress=on_progress)
-    run = report["runs"][0]
-    assert run["status"] == "ok" and sorted(arrivals) == list(range(1, steps + 1))
-    gaps = [arrivals[k + 1] - arrivals[k] for k in range(warmup, steps) if k % eval_every != 0]
-    independent = report["task"]["samples_per_batch"] / statistics.mean(gaps)
-    reported = run["throughput"]["samples_per_s"]
-    assert run["throughput"]["timed_steps"] == steps - warmup
-    assert abs(reported / independent - 1.0) <= 0.10, (reported, independent)

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-__all__ = ["matmul_speedups", "matmul_tflops", "synchronize"]
+__all__ = ["matmul_tflops", "synchronize"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -54,9 +54,3 @@ def matmul_tflops(
             samples[dt].append(2.0 * n**3 * iters / elapsed / 1e12)
     return {dt: sorted(v)[len(v) // 2] for dt, v in samples.items()}
 
-
-def matmul_speedups(device: str | torch.device = "cpu", **kwargs: float) -> dict[str, float]:
-    """Throughput of bf16 and fp16 relative to fp32 on ``device`` (>1 means faster than fp32)."""
-    r = matmul_tflops(device=device, **kwargs)  # type: ignore[arg-type]
-    base = r[torch.float32]
-    return {"bf16": r[torch.bfloat16] / base, "fp16": r[torch.float16] / base}

@@ -1,15 +1,10 @@
-"""The built-in tasks: real data from the interpreter and scikit-learn, deterministic streams."""
+"""The built-in tinygpt task: real text from the interpreter's standard library, deterministic streams."""
 
 from __future__ import annotations
 
-import sys
-
-import pytest
 import torch
 
-from ampkit.tasks import digits as digits_module
 from ampkit.tasks.tinygpt import HOLDOUT_EVERY, TinyGPTTask, stdlib_corpus
-from ampkit.verify.task import TaskLoadError, load_task
 from ampkit.verify.worker import data_sha256, state_sha256
 
 
@@ -37,31 +32,3 @@ def test_tinygpt_untrained_model_scores_about_eight_bits_per_byte() -> None:
     with torch.no_grad():
         bpb = task.evaluate(model, torch.device("cpu"))["bits_per_byte"]
     assert abs(bpb - 8.0) < 0.2  # uniform over 256 bytes is exactly 8 bits
-
-
-def test_digits_task_trains_and_reports_accuracy() -> None:
-    task = load_task("digits")
-    model = task.build_model(0)
-    opt = task.build_optimizer(model)
-    stream = task.batches(0, torch.device("cpu"))
-    before = task.evaluate(model, torch.device("cpu"))
-    for _ in range(30):
-        loss = task.loss(model, next(stream))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    after = task.evaluate(model, torch.device("cpu"))
-    assert task.metrics["accuracy"] == "higher" and 0.0 <= before["accuracy"] <= 1.0
-    assert after["accuracy"] > max(0.5, before["accuracy"]) and set(after) == {"accuracy"}
-
-
-def test_digits_without_scikit_learn_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    digits_module.load_digits_tensors.cache_clear()
-    for name in [m for m in sys.modules if m == "sklearn" or m.startswith("sklearn.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "sklearn", None)  # what Python sees when the package is absent
-    try:
-        with pytest.raises(TaskLoadError, match=r"pip install 'ampkit\[digits\]'"):
-            load_task("digits")
-    finally:
-        digits_module.load_digits_tensors.cache_clear()

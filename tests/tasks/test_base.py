@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from verify_helpers import SYNTHETIC
 
 import ampkit
-from ampkit.verify.task import TaskBase, TaskLoadError, load_task
+from ampkit.tasks import TaskBase, TaskLoadError, load_task
+from tests.verify.verify_helpers import SYNTHETIC
 
 
 def test_load_task_builtin_names_resolve_to_instances() -> None:
@@ -38,7 +38,7 @@ def test_load_task_module_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "pick.py").write_text(
-        "from ampkit.verify.task import TaskBase\n"
+        "from ampkit.tasks import TaskBase\n"
         "class Only(TaskBase):\n"
         "    name, metrics, samples_per_batch = 'only', {'acc': 'higher'}, 2\n"
         "def make():\n"
@@ -81,7 +81,7 @@ def test_load_task_file_that_raises_reports_the_exception(tmp_path: Path) -> Non
 def test_load_task_rejects_invalid_metric_direction(tmp_path: Path) -> None:
     f = tmp_path / "dirs.py"
     f.write_text(
-        "from ampkit.verify.task import TaskBase\n"
+        "from ampkit.tasks import TaskBase\n"
         "class T(TaskBase):\n"
         "    name, metrics, samples_per_batch = 't', {'acc': 'up'}, 2\n"
         "task = T()\n"
@@ -93,7 +93,7 @@ def test_load_task_rejects_invalid_metric_direction(tmp_path: Path) -> None:
 def test_load_task_module_with_several_tasks_asks_for_one(tmp_path: Path) -> None:
     f = tmp_path / "two.py"
     f.write_text(
-        "from ampkit.verify.task import TaskBase\n"
+        "from ampkit.tasks import TaskBase\n"
         "class A(TaskBase):\n    name, metrics = 'a', {'m': 'lower'}\n"
         "class B(TaskBase):\n    name, metrics = 'b', {'m': 'lower'}\n"
     )

@@ -1,11 +1,16 @@
 """The environment record: what a mixed-precision result depends on, in one JSON-able dict.
 
-``collect_environment()`` is what ``ampkit env`` prints and what ``report.json`` stores under
-``environment``: interpreter, torch build (CUDA/cuDNN/HIP), GPU driver, CPU model and the ISA
-flags that decide whether bf16/fp16 are fast on this CPU, GPU names and capabilities, thread
-counts, the dtypes autocast accepts on each device, and — unless ``measure=False`` — the
-measured matmul throughput per dtype per device (``ampkit._speed.matmul_tflops``: interleaved,
-median of rounds; about a second per device).
+``collect_environment`` has two forms over the same sources:
+
+* brief (the default): versions, platform, the device and whether this CPU is fast at
+  bf16/fp16.  No subprocess, no autocast probe, no timing: cheap enough for every ``ampkit doctor``
+  report, which embeds it under ``environment``.
+* full (``full=True``): what ``ampkit env`` prints and ``report.json`` (``ampkit.verify/1``)
+  stores under ``environment``: interpreter, torch build (CUDA/cuDNN/HIP), GPU driver, CPU model
+  and the ISA flags that decide whether bf16/fp16 are fast on this CPU, GPU names and
+  capabilities, thread counts, the dtypes autocast accepts on each device, and — with
+  ``measure=True`` — the measured matmul throughput per dtype per device
+  (``ampkit._util.speed.matmul_tflops``: interleaved, median of rounds; about a second per device).
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from typing import Any
 
 import torch
 
-from ampkit._speed import matmul_tflops
+from ampkit._util.dtypes import dtype_name
+from ampkit._util.speed import matmul_tflops
+from ampkit._util.version import __version__
 from ampkit.precision import cpu_has_fast_bf16, cpu_has_fast_fp16
 
 __all__ = ["CPU_FLAGS", "collect_environment", "format_environment"]
@@ -30,9 +37,6 @@ __all__ = ["CPU_FLAGS", "collect_environment", "format_environment"]
 CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "amx_fp16", "f16c", "avx512f", "avx2")
 """/proc/cpuinfo flags that decide how fast bf16/fp16 run on a CPU (bf16: AVX512-BF16 or AMX-BF16;
 fp16: AVX512-FP16 or AMX-FP16; F16C only converts)."""
-
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
 
 def _cpuinfo() -> tuple[str | None, set[str]]:
     model: str | None = None
@@ -86,10 +90,10 @@ def _autocast_dtypes(device_type: str) -> dict[str, Any]:
             except (RuntimeError, ValueError):
                 enabled = False
         if enabled and not any("autocast" in str(w.message).lower() for w in caught):
-            supported.append(_DTYPE_NAMES[dtype])
+            supported.append(dtype_name(dtype))
     default = None
     with contextlib.suppress(RuntimeError, ValueError, AttributeError):
-        default = _DTYPE_NAMES.get(torch.get_autocast_dtype(device_type))
+        default = dtype_name(torch.get_autocast_dtype(device_type))
     return {"default": default, "supported": supported}
 
 
@@ -106,18 +110,57 @@ def _gpu(device: torch.device) -> dict[str, Any]:
     return {"device": str(device), "name": device.type}
 
 
-def collect_environment(*, measure: bool = True, matmul_n: int = 512) -> dict[str, Any]:
-    """Everything that decides mixed-precision speed and numerics here (see the module docstring).
+def collect_environment(device: str | torch.device | None = None, *, full: bool = False, measure: bool = False,
+                        matmul_n: int = 512) -> dict[str, Any]:
+    """The environment record, brief or full (see the module docstring).
 
-    >>> env = collect_environment(measure=False)
-    >>> env["torch"] == torch.__version__, "cpu" in env["autocast"]
-    (True, True)
+    Args:
+        device: the device the run uses, recorded as ``device`` (brief: ``"cpu"`` when None).
+        full: every device, the CPU's ISA flags, threads and autocast dtypes (``ampkit env``).
+        measure: also time a ``matmul_n``-sized matmul per dtype on every device (implies ``full``).
+
+    >>> brief = collect_environment("cpu")
+    >>> brief["torch"] == torch.__version__ and brief["device"] == "cpu"
+    True
+    >>> env = collect_environment(full=True)
+    >>> env["torch"] == torch.__version__, "cpu" in env["autocast"], "matmul_tflops" in env
+    (True, True, False)
     """
-    from ampkit._util.version import __version__
+    if not (full or measure):
+        return _brief(device)
+    env = _full()
+    if device is not None:
+        env["device"] = str(device)
+    if measure:
+        env["matmul_tflops"] = {
+            str(d): {dtype_name(dt): float(f"{v:.4g}") for dt, v in matmul_tflops(device=d, n=matmul_n).items()}
+            for d in _devices()
+        }
+        env["matmul_n"] = matmul_n
+    return env
 
+
+def _brief(device: str | torch.device | None) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "ampkit": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "device": str(device) if device is not None else "cpu",
+        "cpu_fast_bf16": cpu_has_fast_bf16(),
+        "cpu_fast_fp16": cpu_has_fast_fp16(),
+        "cuda": torch.version.cuda,
+    }
+    if torch.cuda.is_available():
+        env["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return env
+
+
+def _full() -> dict[str, Any]:
     model, flags = _cpuinfo()
     devices = _devices()
-    env: dict[str, Any] = {
+    return {
         "ampkit": __version__,
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
@@ -148,13 +191,6 @@ def collect_environment(*, measure: bool = True, matmul_n: int = 512) -> dict[st
         "autocast": {t: _autocast_dtypes(t) for t in dict.fromkeys(d.type for d in devices)},
         "numpy": _version("numpy"),
     }
-    if measure:
-        env["matmul_tflops"] = {
-            str(d): {_DTYPE_NAMES[dt]: float(f"{v:.4g}") for dt, v in matmul_tflops(device=d, n=matmul_n).items()}
-            for d in devices
-        }
-        env["matmul_n"] = matmul_n
-    return env
 
 
 def _version(module: str) -> str | None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from verify_helpers import Job, task_ref, verify
 
 from ampkit.cli.main import main
 from ampkit.verify.report import load_schema
+from tests.verify.verify_helpers import Job, task_ref, verify
 
 
 @pytest.fixture(scope="module")
