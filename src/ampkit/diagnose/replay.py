@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
 
 from ampkit.diagnose.events import display_module, sort_findings
 from ampkit.diagnose.modules import float_tensors
@@ -63,7 +64,7 @@ from ampkit.hooks import EngineHook, StepResult
 
 if TYPE_CHECKING:
     from ampkit.diagnose.api import DiagnosisResult
-    from ampkit.engine import MixedPrecision
+    from ampkit.engine import Engine
 
 __all__ = ["ReplayDoctor"]
 
@@ -107,7 +108,7 @@ class ReplayDoctor(EngineHook):
         keep_last: keep the last healthy step's capture for ``replay()`` (see "Memory" above).
     """
 
-    def __init__(self, engine: MixedPrecision, *, max_replays: int = 3, shadow: bool = True,
+    def __init__(self, engine: Engine, *, max_replays: int = 3, shadow: bool = True,
                  bisect: bool = True, keep_last: bool = True) -> None:
         self.engine = engine
         self.keep_last = keep_last
@@ -133,10 +134,12 @@ class ReplayDoctor(EngineHook):
             self._hook(model)
 
     # -- engine hooks ------------------------------------------------------------------------
-    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
+    @override
+    def on_prepare(self, engine: Engine, model: nn.Module) -> None:
         self._hook(model)
 
-    def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
+    @override
+    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
         if self._replaying:
             return
         if not self._hooked and not self._warned_unprepared:
@@ -147,7 +150,8 @@ class ReplayDoctor(EngineHook):
         if self._out_nodes and loss.grad_fn is not None:
             self._hook_casts(loss.grad_fn)
 
-    def after_step(self, engine: MixedPrecision, result: StepResult,
+    @override
+    def after_step(self, engine: Engine, result: StepResult,
                    optimizers: Any) -> None:
         if self._replaying:
             return
@@ -189,6 +193,7 @@ class ReplayDoctor(EngineHook):
             model.register_forward_hook(self._post_hook, with_kwargs=True),
         ]
 
+    @override
     def close(self) -> None:
         """Remove the capture hooks from every model."""
         for handles in self._hooked.values():

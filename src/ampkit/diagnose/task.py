@@ -23,7 +23,7 @@ from ampkit.diagnose.api import DiagnosisResult, diagnose_step
 from ampkit.diagnose.environment import collect_environment
 from ampkit.diagnose.events import sort_findings
 from ampkit.diagnose.perf import low_precision_speed
-from ampkit.engine import MixedPrecision
+from ampkit.mixed_precision import MixedPrecision
 from ampkit.findings import Finding
 from ampkit.precision import Precision
 
