@@ -59,7 +59,7 @@ from typing_extensions import override
 
 from ampkit.diagnose.events import display_module, sort_findings
 from ampkit.diagnose.modules import float_tensors
-from ampkit.findings import Finding
+from ampkit.findings import SCALE_COLLAPSE_CAUSES, Finding
 from ampkit.hooks import EngineHook, StepResult
 
 if TYPE_CHECKING:
@@ -420,15 +420,13 @@ def _scale_collapse(found: list[Finding], cap: _StepCapture) -> Finding:
     elif "BACKWARD_OVERFLOW" in infos:
         cause, detail = "gradient_overflow", "real gradient overflow at the current scale, avoidable by a lower scale"
     else:
-        cause, detail = "not_reproduced", "the last step replays finite; the collapse came from earlier steps"
+        cause, detail = "not_reproduced", SCALE_COLLAPSE_CAUSES["not_reproduced"].what
     top = next((f for f in found if f.severity == "error"), None)
     return Finding(
         code="SCALE_COLLAPSE", severity="error",
         message=f"the loss scale collapsed; replaying step {cap.step} attributes it to {detail}"
                 + (f" in {display_module(top.module)}" if top is not None and top.module is not None else ""),
-        fix=(top.fix if top is not None else
-             "Inspect the steps before the collapse (telemetry's scale history); a scale that keeps halving with a "
-             "finite loss means gradients overflow every step: keep the overflowing module in fp32 or use bf16."),
+        fix=top.fix if top is not None else SCALE_COLLAPSE_CAUSES["not_reproduced"].fix,
         module=top.module if top is not None else None, op=top.op if top is not None else None,
         location=top.location if top is not None else None, step=cap.step,
         evidence={"cause": cause, "scale": _scale_value(cap)},
