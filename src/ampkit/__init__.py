@@ -68,7 +68,11 @@ _LAZY: dict[str, str] = {
 }
 
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+__getattr__, _ = lazy_attributes(__name__, _LAZY)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)  # the public face only, not the module's own helpers
 
 __all__ = [
     "Alarm",

@@ -42,19 +42,21 @@ class MixedPrecision(Engine):
         doctor: keep a cheap capture of each step and replay a failing one fully instrumented
             (see ``ampkit.diagnose.replay``).
 
-    Example (the loop from the README, with a tiny model)::
+    Example: the loop of ``Engine``, with step metrics recorded in a list::
 
     >>> import ampkit, torch
+    >>> records = []
     >>> model = torch.nn.Linear(4, 2)
-    >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    >>> mp = ampkit.MixedPrecision("bf16", device="cpu", grad_accumulation=2, clip_grad_norm=1.0)
-    >>> for step in range(4):
-    ...     with mp.autocast():
-    ...         loss = model(torch.randn(8, 4)).float().pow(2).mean()
-    ...     mp.backward(loss)
-    ...     result = mp.step(opt)
-    >>> result.boundary, result.applied, mp.optimizer_steps
-    (True, True, 2)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=[records.append])
+    >>> _ = mp.prepare(model)
+    >>> with mp.autocast():
+    ...     loss = model(torch.randn(8, 4)).float().pow(2).mean()
+    >>> mp.backward(loss)
+    >>> _ = mp.step(opt)
+    >>> mp.close()
+    >>> [r["step"] for r in records], mp.doctor is None
+    ([1], True)
     """
 
     def __init__(
