@@ -310,9 +310,10 @@ class Telemetry(EngineHook):
 
     def _ask_replay(self, e: AlarmEvent, text: str) -> None:
         # The doctor (a hook on the same engine) serves "replay" events; emit says whether one did.
-        event = HookEvent(kind="replay", reason=e.reason, step=e.step)
+        engine = self.engine
         try:
-            handled = self.engine is not None and self.engine.emit(event)
+            handled = engine is not None and engine.emit(HookEvent(
+                kind="replay", reason=e.reason, step=engine.optimizer_steps, data={"alarm_step": e.step}))
         except Exception as ex:  # the doctor's failure must not end training either
             warnings.warn(f"{text}. The doctor's replay failed with {type(ex).__name__}: {ex}",
                           AlarmWarning, stacklevel=4)
