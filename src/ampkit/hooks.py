@@ -100,7 +100,8 @@ class EngineHook:
         """Return ``found_inf`` made global (every rank takes the same skip decision).
 
         The default returns it unchanged.  A hook that overrides this makes the engine check
-        only this rank's gradient shards (``DTensor.to_local``).  The reduction may still be in
+        only this rank's gradient shards (``DTensor.to_local``); the engine decides that when
+        the hook is attached, and calls this method only on hooks that override it.  The reduction may still be in
         flight when this returns: ``wait_found_inf`` is called after clipping, right before
         the step-or-skip decision reads the flag.
         """
