@@ -22,6 +22,7 @@ PACKAGE = SRC / "ampkit"
 LAYERS: dict[str, int] = {
     "ampkit._util": 0,
     "ampkit.precision": 1, "ampkit.scaler": 1, "ampkit.policy": 1, "ampkit.hooks": 1, "ampkit.findings": 1,
+    "ampkit._guards": 1,
     "ampkit.engine": 2, "ampkit.checkpoint": 2, "ampkit.config": 2,
     "ampkit.telemetry": 3, "ampkit.distributed": 3, "ampkit.tasks": 3, "ampkit.env": 3,
     "ampkit.diagnose": 4, "ampkit.verify": 4, "ampkit.integrations": 4, "ampkit.mixed_precision": 4,
@@ -32,15 +33,10 @@ LINT = "ampkit.lint"
 
 # Violations present when this test was written; each entry is removed as the code is fixed,
 # and an entry that no longer occurs fails the test so the list only shrinks.
-ALLOWED_UPWARD: set[tuple[str, str]] = {
-    ("ampkit.engine", "ampkit.diagnose.replay"),
-    ("ampkit.engine", "ampkit.telemetry"),
-}
+ALLOWED_UPWARD: set[tuple[str, str]] = set()
 ALLOWED_CYCLES: set[frozenset[str]] = set()
 # Files and functions over the size limits when this test was written (same rule as above).
-ALLOWED_LONG: set[str] = {
-    "ampkit/diagnose/api.py", "ampkit/distributed/_shard.py",
-}
+ALLOWED_LONG: set[str] = {"ampkit/diagnose/api.py"}
 
 MAX_FILE_LINES = 450
 MAX_DEF_LINES = 60

@@ -47,7 +47,7 @@ def test_engine_accumulation_averages_micro_batch_gradients(seed) -> None:
         def before_optimizer_step(self, engine, optimizers, found_inf, grad_norm):
             captured["grad"] = model.fc2.weight.grad.clone()
 
-    mp.hooks.append(Capture())
+    mp.add_hook(Capture())
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     for b in batches:
         mp.backward(forward_loss(mp, model, b))

@@ -163,3 +163,11 @@ def test_scaler_off_by_default_for_bf16_and_fp32() -> None:
     assert not ampkit.MixedPrecision("bf16", device="cpu").scaler.enabled
     assert not ampkit.MixedPrecision("fp32", device="cpu").scaler.enabled
     assert isinstance(ampkit.MixedPrecision("fp16", device="cpu").scaler, DynamicLossScaler)
+
+
+def test_scaler_to_places_the_live_state_on_the_device() -> None:
+    s = ampkit.DynamicLossScaler(init_scale=8.0, growth_interval=1)
+    assert s.to("cpu") is s
+    s.update(torch.zeros(()))
+    moved = s.to(torch.device("cpu"))
+    assert float(moved.scale_tensor("cpu")) == 16.0 and s.state_dict()["scale"] == 16.0

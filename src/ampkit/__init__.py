@@ -6,15 +6,15 @@ Train with ``MixedPrecision``; diagnose with ``ampkit doctor``; verify against F
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ampkit._util.lazy import lazy_attributes
 from ampkit._util.version import __version__
 
 if TYPE_CHECKING:
     from ampkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from ampkit.engine import MixedPrecision
-    from ampkit.hooks import EngineHook, StepResult
+    from ampkit.hooks import EngineHook, HookEvent, StepResult
+    from ampkit.mixed_precision import MixedPrecision
     from ampkit.policy import keep_fp32
     from ampkit.precision import Precision, PrecisionError
     from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler
@@ -44,10 +44,11 @@ _LAZY: dict[str, str] = {
     "DynamicLossScaler": "ampkit.scaler",
     "EngineHook": "ampkit.hooks",
     "GradNormSpikeAlarm": "ampkit.telemetry",
+    "HookEvent": "ampkit.hooks",
     "JsonlSink": "ampkit.telemetry",
     "LossNonFiniteAlarm": "ampkit.telemetry",
     "LossScaler": "ampkit.scaler",
-    "MixedPrecision": "ampkit.engine",
+    "MixedPrecision": "ampkit.mixed_precision",
     "NoLossScaler": "ampkit.scaler",
     "Precision": "ampkit.precision",
     "PrecisionError": "ampkit.precision",
@@ -67,18 +68,11 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ampkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, _ = lazy_attributes(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
-
+    return sorted(__all__)  # the public face only, not the module's own helpers
 
 __all__ = [
     "Alarm",
@@ -88,6 +82,7 @@ __all__ = [
     "DynamicLossScaler",
     "EngineHook",
     "GradNormSpikeAlarm",
+    "HookEvent",
     "JsonlSink",
     "LossNonFiniteAlarm",
     "LossScaler",

@@ -24,9 +24,17 @@ import torch
 from torch import nn
 
 from ampkit._util.io import atomic_replace
-from ampkit.engine import MixedPrecision
+from ampkit.engine import Engine
 
-__all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "as_list",
+    "capture_rng_state",
+    "check_extra",
+    "load_checkpoint",
+    "restore_rng_state",
+    "save_checkpoint",
+]
 
 FORMAT = "ampkit.checkpoint/1"
 
@@ -35,13 +43,15 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not fit what it is loaded into."""
 
 
-def _as_list(obj: Any) -> list[Any]:
+def as_list(obj: Any) -> list[Any]:
+    """``obj`` as a list: None is empty, a list or tuple is copied, anything else is wrapped."""
     if obj is None:
         return []
     return list(obj) if isinstance(obj, (list, tuple)) else [obj]
 
 
-def _rng_state() -> dict[str, Any]:
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG state of this process (python, numpy, torch CPU, CUDA) in ``weights_only`` form."""
     np_state: Any = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -59,7 +69,8 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore the RNG states ``capture_rng_state`` returned."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
@@ -80,7 +91,7 @@ def save_checkpoint(
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
-    engine: MixedPrecision | None = None,
+    engine: Engine | None = None,
     scheduler: Any = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
@@ -93,22 +104,23 @@ def save_checkpoint(
     payload: dict[str, Any] = {
         "format": FORMAT,
         "model": model.state_dict(),
-        "optimizer": [o.state_dict() for o in _as_list(optimizer)],
-        "scheduler": [s.state_dict() for s in _as_list(scheduler)],
+        "optimizer": [o.state_dict() for o in as_list(optimizer)],
+        "scheduler": [s.state_dict() for s in as_list(scheduler)],
         "engine": engine.state_dict() if engine is not None else None,
-        "rng": _rng_state(),
+        "rng": capture_rng_state(),
         "extra": dict(extra or {}),
     }
     if engine is not None and engine.micro_step:
         # Mid-window: the partial sums live in .grad, which no state_dict holds.
         payload["grads"] = _named_grads(model)
-    _check_extra(payload["extra"])
+    check_extra(payload["extra"])
     target = Path(path)
     atomic_replace(target, lambda f: torch.save(payload, f))
     return target
 
 
-def _check_extra(extra: dict[str, Any]) -> None:
+def check_extra(extra: dict[str, Any]) -> None:
+    """Raise ``TypeError`` naming the first value of ``extra`` that ``weights_only`` loading rejects."""
     allowed = (torch.Tensor, int, float, str, bool, type(None), bytes)
 
     def walk(value: Any, where: str) -> None:
@@ -153,7 +165,7 @@ def load_checkpoint(
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
-    engine: MixedPrecision | None = None,
+    engine: Engine | None = None,
     scheduler: Any = None,
     map_location: Any = None,
     restore_rng: bool = True,
@@ -165,7 +177,7 @@ def load_checkpoint(
     """
     p = Path(path)
     payload = _read(p, map_location)
-    opts, scheds = _as_list(optimizer), _as_list(scheduler)
+    opts, scheds = as_list(optimizer), as_list(scheduler)
     for label, given, saved in (("optimizer", opts, payload["optimizer"]), ("scheduler", scheds, payload["scheduler"])):
         if given and len(given) != len(saved):
             raise CheckpointError(
@@ -190,5 +202,5 @@ def load_checkpoint(
             if name in grads:
                 param.grad = grads[name].to(param.device)
     if restore_rng:
-        _set_rng_state(payload["rng"])
+        restore_rng_state(payload["rng"])
     return dict(payload["extra"])

@@ -1,4 +1,4 @@
-"""``MixedPrecision``: autocast, loss scaling and the documented step order in one object.
+"""``Engine``: autocast, loss scaling and the documented step order in one object.
 
 The order is fixed by construction::
 
@@ -12,25 +12,32 @@ official recipe, in the same order, so the result is bit-identical to that recip
 makes no host sync for optimizers that accept ``grad_scale``/``found_inf`` (fused Adam, AdamW,
 SGD); for other optimizers exactly one remains: reading ``found_inf`` to decide whether to call
 ``optimizer.step()``.
+
+The engine knows its extensions only as ``EngineHook`` objects (``ampkit.hooks``); the public
+``ampkit.MixedPrecision`` (``ampkit.mixed_precision``) adds the ``telemetry=`` and ``doctor=``
+shorthands on top of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from ampkit.hooks import EngineHook, StepResult
+from ampkit import hooks as _hooks
+from ampkit._guards import check_eps, check_param
+from ampkit._util.dtensor import local_shard
+from ampkit.config import EngineConfig
 from ampkit.policy import Fp32Policy, KeepFp32Rule
 from ampkit.precision import Precision
-from ampkit.scaler import DynamicLossScaler, LossScaler, NoLossScaler, StaticLossScaler, warn_scaler_with_bf16
+from ampkit.scaler import LossScaler, resolve_scaler
 
-__all__ = ["MixedPrecision"]
+__all__ = ["Engine"]
 
 
 @dataclass
@@ -39,8 +46,8 @@ class _OptState:
     param_count: int = field(default=0)
 
 
-class MixedPrecision:
-    """Mixed-precision training engine.
+class Engine:
+    """Mixed-precision training engine; extensions attach as ``EngineHook`` objects.
 
     Args:
         precision: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"auto"`` or an alias (see ``Precision``).
@@ -51,17 +58,17 @@ class MixedPrecision:
         clip_grad_norm: max global L2 norm of the unscaled gradients, or None.
         keep_fp32: module name patterns or types to run in fp32 (applied by ``prepare``).
         skip_nonfinite: skip steps whose gradients hold inf/NaN even without loss scaling.
-        hooks: ``EngineHook`` observers.
-        telemetry: on-device step metrics and alarms (see ``ampkit.telemetry``).
-        doctor: keep a cheap capture of each step and replay a failing one fully instrumented
-            (see ``ampkit.diagnose.replay``).
+        hooks: ``EngineHook`` objects, attached in order with ``add_hook``.
+
+    The configuration lives in ``config`` (an ``EngineConfig``); ``precision``,
+    ``grad_accumulation``, ``clip_grad_norm`` and ``skip_nonfinite`` read from it.
 
     Example (the loop from the README, with a tiny model)::
 
-    >>> import ampkit, torch
+    >>> import torch
     >>> model = torch.nn.Linear(4, 2)
     >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    >>> mp = ampkit.MixedPrecision("bf16", device="cpu", grad_accumulation=2, clip_grad_norm=1.0)
+    >>> mp = Engine("bf16", device="cpu", grad_accumulation=2, clip_grad_norm=1.0)
     >>> for step in range(4):
     ...     with mp.autocast():
     ...         loss = model(torch.randn(8, 4)).float().pow(2).mean()
@@ -81,26 +88,15 @@ class MixedPrecision:
         clip_grad_norm: float | None = None,
         keep_fp32: Sequence[KeepFp32Rule] = (),
         skip_nonfinite: bool = True,
-        hooks: Sequence[EngineHook] = (),
-        telemetry: Any = None,
-        doctor: bool = False,
+        hooks: Sequence[_hooks.EngineHook] = (),
     ) -> None:
-        self.precision = Precision.parse(precision, device)
+        self.config = EngineConfig(
+            precision=Precision.parse(precision, device), grad_accumulation=grad_accumulation,
+            clip_grad_norm=clip_grad_norm, keep_fp32=tuple(keep_fp32), skip_nonfinite=skip_nonfinite,
+        )
         self.device = self.precision.device
-        if not (isinstance(grad_accumulation, int) and grad_accumulation >= 1):
-            raise ValueError(
-                f"MixedPrecision(grad_accumulation={grad_accumulation!r}): must be an int >= 1 "
-                "(the number of micro-batches per optimizer step)"
-            )
-        if clip_grad_norm is not None and not clip_grad_norm > 0:
-            raise ValueError(f"MixedPrecision(clip_grad_norm={clip_grad_norm!r}): must be > 0, or None to not clip")
-        self.grad_accumulation = grad_accumulation
-        self.clip_grad_norm = clip_grad_norm
-        self.skip_nonfinite = skip_nonfinite
-        self.scaler = self._make_scaler(scaler)
-        self.scaler._ensure_state(self.device)
-        self.policy = Fp32Policy(keep_fp32, self.device.type)
-        self.hooks: list[EngineHook] = list(hooks)
+        self.scaler = resolve_scaler(scaler, self.precision).to(self.device)
+        self.policy = Fp32Policy(self.config.keep_fp32, self.device.type)
         self.micro_step = 0
         """Micro-batches seen since the last boundary (0 .. grad_accumulation-1)."""
         self.optimizer_steps = 0
@@ -111,43 +107,77 @@ class MixedPrecision:
         self._warned: set[str] = set()
         self._loss_nonfinite: torch.Tensor | None = None
         """On-device count of non-finite losses since the last boundary (None: none seen yet)."""
-        self.found_inf_reducer: Callable[[torch.Tensor], torch.Tensor] | None = None
-        """Set by ``ampkit.distributed``: makes every rank take the same skip decision.
+        self._hooks: list[_hooks.EngineHook] = []
+        self._reducers: list[_hooks.EngineHook] = []
+        self._closed = False
+        for hook in hooks:
+            self.add_hook(hook)
 
-        While one is set, each rank checks only its local gradient shards (``DTensor.to_local``)
-        and the reducer makes the result global.  It may return before its collective completes
-        if it has a ``wait()`` method: the engine calls ``wait()`` after clipping, right before
-        the step-or-skip decision reads ``found_inf``."""
-        self.telemetry: Any = None
-        self.doctor: Any = None
-        if telemetry is not None:
-            from ampkit.telemetry import make_telemetry
+    # -- configuration (read from ``config``) ------------------------------------------------------
+    @property
+    def precision(self) -> Precision:
+        """The resolved precision (autocast dtype, loss-scaling need, device)."""
+        return self.config.precision
 
-            self.telemetry = make_telemetry(telemetry, self)
-            self.hooks.append(self.telemetry)
-        if doctor:
-            from ampkit.diagnose.replay import ReplayDoctor
+    @property
+    def grad_accumulation(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self.config.grad_accumulation
 
-            self.doctor = ReplayDoctor(self)
-            self.hooks.append(self.doctor)
+    @property
+    def clip_grad_norm(self) -> float | None:
+        """Max global gradient norm, or None (no clipping)."""
+        return self.config.clip_grad_norm
 
-    # -- construction helpers ------------------------------------------------------------------
-    def _make_scaler(self, scaler: LossScaler | str | None) -> LossScaler:
-        if scaler is None:
-            return DynamicLossScaler() if self.precision.needs_loss_scaling else NoLossScaler()
-        if isinstance(scaler, str):
-            choices = {"dynamic": DynamicLossScaler, "static": StaticLossScaler, "none": NoLossScaler}
-            if scaler not in choices:
-                raise ValueError(f"scaler={scaler!r}: use one of {sorted(choices)} or a LossScaler instance")
-            scaler = choices[scaler]()
-        if not isinstance(scaler, LossScaler):
-            raise TypeError(
-                f"scaler={scaler!r} is not an ampkit LossScaler; pass ampkit.DynamicLossScaler(...) "
-                "(a torch.amp.GradScaler's state can be loaded into one with load_state_dict)"
-            )
-        if scaler.enabled and self.precision.name == "bf16":
-            warn_scaler_with_bf16()
-        return scaler
+    @property
+    def skip_nonfinite(self) -> bool:
+        """Whether steps with inf/NaN gradients are skipped without loss scaling too."""
+        return self.config.skip_nonfinite
+
+    # -- hooks -------------------------------------------------------------------------------------
+    @property
+    def hooks(self) -> tuple[_hooks.EngineHook, ...]:
+        """The attached hooks, in call order (attach with ``add_hook``)."""
+        return tuple(self._hooks)
+
+    @property
+    def reduces_found_inf(self) -> bool:
+        """True when an attached hook overrides ``reduce_found_inf`` (each rank checks only its shards)."""
+        return bool(self._reducers)
+
+    def add_hook(self, hook: _hooks.EngineHook, *, first: bool = False) -> None:
+        """Attach ``hook`` (its ``on_attach(engine)`` runs now); ``first`` puts it before the others."""
+        if not isinstance(hook, _hooks.EngineHook):
+            raise TypeError(f"hooks=[..., {hook!r}]: a hook must subclass ampkit.EngineHook")
+        if any(h is hook for h in self._hooks):
+            raise ValueError(f"{hook!r} is already attached to this engine")
+        hook.on_attach(self)
+        self._hooks.insert(0 if first else len(self._hooks), hook)
+        self._find_reducers()
+
+    def remove_hook(self, hook: _hooks.EngineHook) -> None:
+        """Detach ``hook`` (it is not closed: the caller owns it again)."""
+        self._hooks = [h for h in self._hooks if h is not hook]
+        self._find_reducers()
+
+    def _find_reducers(self) -> None:
+        # Decided on attach, not per step: the hot path only iterates this list.
+        self._reducers = [h for h in self._hooks if _hooks.overrides(h, "reduce_found_inf")]
+
+    def emit(self, event: _hooks.HookEvent) -> bool:
+        """Deliver ``event`` to every hook's ``on_event``; True when one of them acted on it."""
+        handled = False
+        for hook in list(self._hooks):
+            handled = bool(hook.on_event(self, event)) or handled
+        return handled
+
+    def close(self) -> None:
+        """Close every hook (flush telemetry, remove module hooks).  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for hook in self._hooks:
+            hook.close()
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -168,11 +198,12 @@ class MixedPrecision:
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Check ``model`` against the engine and apply the keep-fp32 policy; returns ``model``."""
-        self._check_module(model)
+        for name, p in model.named_parameters():
+            check_param(p, where=f"parameter {name!r}", device=self.device, scaled=self.scaler.enabled)
         self.policy.apply(model)
         if all(m is not model for m in self.models):
             self.models.append(model)
-            for hook in self.hooks:
+            for hook in self._hooks:
                 hook.on_prepare(self, model)
         return model
 
@@ -197,7 +228,7 @@ class MixedPrecision:
                 "forward ops chose, so autocast gains nothing here and may cast more; move the "
                 "backward call out of the `with mp.autocast():` block",
             )
-        for hook in self.hooks:
+        for hook in self._hooks:
             hook.on_backward(self, loss)
         if self.grad_accumulation > 1:
             loss = loss / self.grad_accumulation
@@ -208,33 +239,19 @@ class MixedPrecision:
             self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
         self.scaler.scale(loss).backward(**backward_kwargs)
 
-    def step(self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> StepResult:
+    def step(self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> _hooks.StepResult:
         """Count one micro-batch; at the boundary unscale, clip, step or skip, update, zero_grad."""
-        opts = self._as_list(optimizers)
+        opts = _as_optimizers(optimizers)
         self.micro_step += 1
         if self.micro_step < self.grad_accumulation:
-            return StepResult(boundary=False, optimizer_step=self.optimizer_steps)
+            return _hooks.StepResult(boundary=False, optimizer_step=self.optimizer_steps)
         self.micro_step = 0
         for opt in opts:
             self._check_optimizer(opt)
         scale = self.scale
-        per_opt_found = [self._unscale(opt) for opt in opts]
-        if self._loss_nonfinite is not None:
-            for found in per_opt_found:
-                # Fused optimizers skip only when found_inf == 1.0 exactly (and subtract it from
-                # their step counter), so the flag is merged with max, never summed.
-                torch.maximum(found, self._loss_nonfinite.clamp(max=1.0), out=found)
-            self._loss_nonfinite = None
-        for hook in self.hooks:
-            hook.after_unscale(self, opts)
-        if self.found_inf_reducer is not None:
-            per_opt_found = [self.found_inf_reducer(f) for f in per_opt_found]
-        grad_norm = self._clip_and_norm(opts)
-        wait = getattr(self.found_inf_reducer, "wait", None)
-        if wait is not None:
-            wait()  # an asynchronous reduction overlapped the clip above; found_inf is read next
+        per_opt_found, grad_norm = self._unscale_and_clip(opts)
         found_inf = per_opt_found[0] if len(per_opt_found) == 1 else torch.stack(per_opt_found).sum()
-        for hook in self.hooks:
+        for hook in self._hooks:
             hook.before_optimizer_step(self, opts, found_inf, grad_norm)
         for opt, found in zip(opts, per_opt_found):
             self._step_or_skip(opt, found)
@@ -242,17 +259,17 @@ class MixedPrecision:
         scale_used = scale.clone() if self.scaler.enabled else scale
         self.scaler.update(found_inf)
         self.optimizer_steps += 1
-        result = StepResult(
+        result = _hooks.StepResult(
             boundary=True, found_inf=found_inf, grad_norm=grad_norm, scale=scale_used,
             optimizer_step=self.optimizer_steps,
         )
-        for hook in self.hooks:
+        for hook in self._hooks:
             hook.after_step(self, result, opts)
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         return result
 
-    def scheduler_step(self, scheduler: Any, result: StepResult) -> bool:
+    def scheduler_step(self, scheduler: Any, result: _hooks.StepResult) -> bool:
         """Advance ``scheduler`` only when ``result`` applied an update; returns whether it did.
 
         Reading ``result.applied`` is one host sync per boundary.  Because the scheduler never
@@ -267,9 +284,10 @@ class MixedPrecision:
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Scaler state (GradScaler layout), accumulation position and step count."""
+        described = self.config.describe()
         return {
-            "precision": self.precision.name,
-            "grad_accumulation": self.grad_accumulation,
+            "precision": described["precision"],
+            "grad_accumulation": described["grad_accumulation"],
             "micro_step": self.micro_step,
             "optimizer_steps": self.optimizer_steps,
             "scaler": self.scaler.state_dict(),
@@ -294,37 +312,39 @@ class MixedPrecision:
         self.optimizer_steps = int(state_dict.get("optimizer_steps", 0))
         if state_dict.get("scaler"):
             self.scaler.load_state_dict(state_dict["scaler"])
-            self.scaler._ensure_state(self.device)
+            self.scaler.to(self.device)
 
     # -- internals ---------------------------------------------------------------------------------
-    @staticmethod
-    def _as_list(optimizers: Any) -> list[torch.optim.Optimizer]:
-        if isinstance(optimizers, torch.optim.Optimizer):
-            opts = [optimizers]
-        else:
-            try:
-                opts = list(optimizers)
-            except TypeError:
-                opts = []
-        if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
-            raise TypeError(
-                f"mp.step() takes a torch.optim.Optimizer or a list of them, got {optimizers!r}"
-            )
-        return opts
-
-    @staticmethod
-    def _grads(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-        return [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+    def _unscale_and_clip(
+        self, opts: list[torch.optim.Optimizer],
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Unscale and check each optimizer's gradients, make found_inf global, clip (hook order)."""
+        per_opt_found = [self._unscale(opt) for opt in opts]
+        if self._loss_nonfinite is not None:
+            for found in per_opt_found:
+                # Fused optimizers skip only when found_inf == 1.0 exactly (and subtract it from
+                # their step counter), so the flag is merged with max, never summed.
+                torch.maximum(found, self._loss_nonfinite.clamp(max=1.0), out=found)
+            self._loss_nonfinite = None
+        for hook in self._hooks:
+            hook.after_unscale(self, opts)
+        for reducer in self._reducers:  # hooks that keep EngineHook's identity need no call
+            per_opt_found = [reducer.reduce_found_inf(self, f) for f in per_opt_found]
+        grad_norm = self._clip_and_norm(opts)
+        for hook in self._hooks:
+            # An asynchronous reduction overlapped the clip above; found_inf is read next.
+            hook.wait_found_inf(self)
+        return per_opt_found, grad_norm
 
     def _unscale(self, opt: torch.optim.Optimizer) -> torch.Tensor:
         found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.scaler.enabled or self.skip_nonfinite:
-            grads = self._grads(opt)
-            if self.found_inf_reducer is not None:
-                # The reducer makes found_inf global, so check this rank's shards only; a sharded
+            grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+            if self._reducers:
+                # A hook makes found_inf global, so check this rank's shards only; a sharded
                 # (DTensor) gradient would otherwise run one blocking all-reduce per dtype group.
                 with torch.no_grad():  # to_local() then returns the shard itself, no autograd node
-                    grads = [_local_shard(g) for g in grads]
+                    grads = [local_shard(g) for g in grads]
             self.scaler.unscale_(grads, found_inf)
         return found_inf
 
@@ -363,38 +383,14 @@ class MixedPrecision:
         count = sum(len(g["params"]) for g in opt.param_groups)
         if state.checked and state.param_count == count:
             return
+        where = f"{type(opt).__name__} param_groups"
         for group in opt.param_groups:
             for p in group["params"]:
-                self._check_param(p, where=f"{type(opt).__name__} param_groups")
+                check_param(p, where=where, device=self.device, scaled=self.scaler.enabled)
             eps = group.get("eps")
             if isinstance(eps, float):
-                _check_eps(opt, eps, {p.dtype for p in group["params"]})
+                check_eps(opt, eps, {p.dtype for p in group["params"]})
         state.checked, state.param_count = True, count
-
-    def _check_module(self, model: nn.Module) -> None:
-        for name, p in model.named_parameters():
-            self._check_param(p, where=f"parameter {name!r}")
-
-    def _check_param(self, p: torch.Tensor, where: str) -> None:
-        if p.device.type == "meta":
-            raise RuntimeError(
-                f"{where} is on the meta device (allocated without storage), so it cannot be trained; "
-                f"materialise the model first with model.to_empty(device={str(self.device)!r}) and load "
-                "or initialise its weights"
-            )
-        if p.device.type != self.device.type:
-            raise RuntimeError(
-                f"{where} lives on {p.device} but the engine was built for {self.device}; move the model "
-                f"with model.to({str(self.device)!r}) before building the optimizer, or build "
-                f"MixedPrecision(..., device={p.device.type!r})"
-            )
-        if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16) and self.scaler.enabled:
-            raise TypeError(
-                f"{where} is a trainable {_dtype_name(p.dtype)} parameter, but fp16 loss scaling needs fp32 "
-                "master weights: small updates round away in fp16 and unscaling fp16 gradients "
-                "overflows. Keep the model in fp32 (drop model.half() / .to(torch.float16)) and let "
-                "mp.autocast() run the math in fp16 (ampkit finding LOW_PRECISION_PARAMS)"
-            )
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -402,35 +398,42 @@ class MixedPrecision:
             warnings.warn(message, UserWarning, stacklevel=3)
 
     def __repr__(self) -> str:
-        return (
-            f"MixedPrecision({self.precision.name!r}, device={str(self.device)!r}, "
-            f"scaler={type(self.scaler).__name__}, grad_accumulation={self.grad_accumulation}, "
-            f"clip_grad_norm={self.clip_grad_norm})"
-        )
+        described = self.config.describe()
+        fields = ", ".join(f"{k}={v!r}" for k, v in described.items() if k not in ("precision", "device_type"))
+        return (f"{type(self).__name__}({described['precision']!r}, device={str(self.device)!r}, "
+                f"scaler={type(self.scaler).__name__}, {fields})")
 
     def __iter__(self) -> Iterator[Any]:  # pragma: no cover - guard against `for x in mp`
         raise TypeError("MixedPrecision is not iterable; use mp.autocast(), mp.backward(loss), mp.step(opt)")
 
 
-def _local_shard(grad: torch.Tensor) -> torch.Tensor:
-    # DTensor.to_local() returns the shard's own tensor, so unscaling it in place unscales the grad.
-    to_local = getattr(grad, "to_local", None)
-    return to_local() if to_local is not None else grad
+def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
+    if isinstance(optimizers, torch.optim.Optimizer):
+        opts = [optimizers]
+    else:
+        try:
+            opts = list(optimizers)
+        except TypeError:
+            opts = []
+    if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+        raise TypeError(
+            f"mp.step() takes a torch.optim.Optimizer or a list of them, got {optimizers!r}"
+        )
+    return opts
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+# Names this module exported before the hook protocol and the public class moved out of it.
+_DEPRECATED = {
+    "MixedPrecision": ("ampkit.MixedPrecision", lambda: Engine),
+    "EngineHook": ("ampkit.hooks.EngineHook", lambda: _hooks.EngineHook),
+    "StepResult": ("ampkit.hooks.StepResult", lambda: _hooks.StepResult),
+}
 
 
-def _check_eps(opt: torch.optim.Optimizer, eps: float, dtypes: set[torch.dtype]) -> None:
-    for dtype in dtypes:
-        if not dtype.is_floating_point or dtype == torch.float32 or dtype == torch.float64:
-            continue
-        stored = float(torch.tensor(eps, dtype=dtype))
-        if eps > 0 and (stored == 0.0 or abs(stored - eps) / eps > 0.01):
-            tiny = torch.finfo(dtype).tiny
-            raise ValueError(
-                f"{type(opt).__name__}(eps={eps:g}) cannot be represented in {_dtype_name(dtype)} parameters "
-                f"(it becomes {stored:g}), so the update can divide by zero and go inf/NaN. Keep the "
-                f"parameters in fp32, or use eps >= {tiny:g} (the smallest normal {_dtype_name(dtype)})"
-            )
+def __getattr__(name: str) -> Any:
+    if name not in _DEPRECATED:
+        raise AttributeError(f"module 'ampkit.engine' has no attribute {name!r}")
+    new, value = _DEPRECATED[name]
+    warnings.warn(f"ampkit.engine.{name} is deprecated and will be removed in the next version; "
+                  f"use {new}", DeprecationWarning, stacklevel=2)
+    return value()

@@ -1,11 +1,33 @@
-"""Findings: the doctor's unit of output, with the stable code catalog (see docs/findings.md)."""
+"""Findings: the doctor's unit of output, the stable codes, and the catalog of their texts.
+
+Every emitter of a finding (telemetry alarms, the step, script and live doctors) builds the
+message and the fix of a code that several of them report from the functions here, so the
+same problem reads the same wherever it is found (see docs/findings.md for the meaning of
+each code).
+
+>>> message, fix = scale_collapse("gradient_overflow", "3 consecutive backoffs", " (steps 4-6)")
+>>> message
+'3 consecutive backoffs. Cause: the loss was finite but the gradients overflowed: a real gradient overflow in low precision (steps 4-6)'
+>>> nonfinite_input("input #0 holds NaN at step 2")[0]
+'input #0 holds NaN at step 2: the data, not the precision, is the cause'
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["CODES", "SEVERITY_ORDER", "Finding", "Severity"]
+__all__ = [
+    "CODES",
+    "NONFINITE_DATA_FIX",
+    "SCALE_COLLAPSE_CAUSES",
+    "SEVERITY_ORDER",
+    "Cause",
+    "Finding",
+    "Severity",
+    "nonfinite_input",
+    "scale_collapse",
+]
 
 Severity = Literal["error", "warning", "info"]
 
@@ -69,3 +91,60 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# -- the catalog: message and fix per code, built from what the emitter measured ------------------
+NONFINITE_DATA_FIX = (
+    "drop or repair the non-finite samples at the source (torch.nan_to_num, or keep the rows where "
+    "torch.isfinite(x).all(dim=1)), and check torch.isfinite(batch).all() in the data pipeline"
+)
+"""The fix of non-finite data (NONFINITE_INPUT, and SCALE_COLLAPSE caused by it)."""
+
+
+def nonfinite_input(where: str) -> tuple[str, str]:
+    """NONFINITE_INPUT's message and fix; ``where`` names the tensor, its NaN/inf and the step."""
+    return f"{where}: the data, not the precision, is the cause", NONFINITE_DATA_FIX
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One cause of a finding: what happened (a sentence fragment) and the fix."""
+
+    what: str
+    fix: str
+
+
+_DATA = Cause("the input batch itself held NaN/inf, so every such step overflows whatever the scale "
+              "(bad data, not fp16 range)", NONFINITE_DATA_FIX + "; no loss scale makes NaN inputs finite")
+_FORWARD_FIX = ("find the op with FORWARD_OVERFLOW / FORWARD_NAN (`ampkit doctor`, or MixedPrecision(..., "
+                "doctor=True)) and keep that module in fp32 (keep_fp32=[...]), or compute the loss in fp32; "
+                "lowering the loss scale cannot help a forward overflow")
+
+SCALE_COLLAPSE_CAUSES: dict[str, Cause] = {
+    "nonfinite_data": _DATA,
+    "nonfinite_input": _DATA,
+    "nonfinite_loss": Cause(
+        "the loss was already non-finite in the forward pass (an activation overflowed or went NaN)", _FORWARD_FIX),
+    "nonfinite_forward": Cause(
+        "activations went inf/NaN in the forward pass although the loss stayed finite (the non-finite "
+        "values were masked out of the loss but not out of the backward)", _FORWARD_FIX),
+    "scaled_loss_overflow": Cause(
+        "the loss was finite but loss × scale overflowed because the loss is fp16",
+        "compute the loss in fp32 (LOSS_IN_LOW_PRECISION)"),
+    "gradient_overflow": Cause(
+        "the loss was finite but the gradients overflowed: a real gradient overflow in low precision",
+        "find the module with BACKWARD_OVERFLOW (`ampkit doctor`, or MixedPrecision(..., doctor=True)) and keep "
+        "it in fp32 (keep_fp32=[...]), reduce the loss's magnitude (mean instead of sum, normalised targets), "
+        "or train in bf16"),
+    "not_reproduced": Cause(
+        "the last step replays finite; the collapse came from earlier steps",
+        "Inspect the steps before the collapse (telemetry's scale history); a scale that keeps halving with a "
+        "finite loss means gradients overflow every step: keep the overflowing module in fp32 or use bf16."),
+}
+"""SCALE_COLLAPSE by cause (the finding's ``evidence["cause"]``)."""
+
+
+def scale_collapse(cause: str, context: str, detail: str = "") -> tuple[str, str]:
+    """SCALE_COLLAPSE's message and fix: ``context`` says what collapsed, ``detail`` follows the cause."""
+    known = SCALE_COLLAPSE_CAUSES[cause]
+    return f"{context}. Cause: {known.what}{detail}", known.fix

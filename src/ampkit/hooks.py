@@ -1,7 +1,7 @@
 """The engine's extension protocol: ``EngineHook`` observers and the ``StepResult`` they receive.
 
 This module sits below the engine: telemetry, the doctor's replay, the distributed context and
-the framework integrations all attach to ``MixedPrecision`` as hooks, and the engine imports
+the framework integrations all attach to the engine as hooks, and the engine imports
 none of them.
 """
 
@@ -15,14 +15,14 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from ampkit.engine import MixedPrecision as Engine
+    from ampkit.engine import Engine
 
-__all__ = ["EngineHook", "HookEvent", "StepResult"]
+__all__ = ["EngineHook", "HookEvent", "StepResult", "overrides"]
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one ``MixedPrecision.step`` call did.  Tensors stay on the device.
+    """What one ``Engine.step`` call did.  Tensors stay on the device.
 
     Reading ``applied`` or ``skipped`` resolves ``found_inf`` on the host (a sync); pass
     ``found_inf`` / ``grad_norm`` to on-device metrics instead when you want none.
@@ -100,7 +100,8 @@ class EngineHook:
         """Return ``found_inf`` made global (every rank takes the same skip decision).
 
         The default returns it unchanged.  A hook that overrides this makes the engine check
-        only this rank's gradient shards (``DTensor.to_local``).  The reduction may still be in
+        only this rank's gradient shards (``DTensor.to_local``); the engine decides that when
+        the hook is attached, and calls this method only on hooks that override it.  The reduction may still be in
         flight when this returns: ``wait_found_inf`` is called after clipping, right before
         the step-or-skip decision reads the flag.
         """
@@ -119,8 +120,25 @@ class EngineHook:
                    optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Called after the scaler update at each boundary (before zero_grad)."""
 
-    def on_event(self, engine: Engine, event: HookEvent) -> None:
-        """Called for every ``engine.emit(event)``; ignore kinds you do not handle."""
+    def on_event(self, engine: Engine, event: HookEvent) -> bool | None:
+        """Called for every ``engine.emit(event)``; ignore kinds you do not handle.
+
+        Return True when this hook acted on the event (``emit`` then returns True, so the sender
+        can tell a request nobody serves, e.g. a replay asked for while the doctor is off).
+        """
+        return None
 
     def close(self) -> None:
         """Release what the hook holds (flush files, remove module hooks); called by ``engine.close()``."""
+
+
+def overrides(hook: EngineHook, method: str) -> bool:
+    """True when ``hook``'s class replaces ``EngineHook``'s own ``method`` (decided per class).
+
+    >>> class Reducer(EngineHook):
+    ...     def reduce_found_inf(self, engine, found_inf):
+    ...         return found_inf
+    >>> overrides(Reducer(), "reduce_found_inf"), overrides(Reducer(), "on_event")
+    (True, False)
+    """
+    return getattr(type(hook), method) is not getattr(EngineHook, method)

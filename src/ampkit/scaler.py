@@ -12,15 +12,19 @@ import math
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from ampkit.precision import Precision
 
 __all__ = [
     "DynamicLossScaler",
     "LossScaler",
     "NoLossScaler",
     "StaticLossScaler",
+    "resolve_scaler",
     "unscale_and_check_",
 ]
 
@@ -81,6 +85,15 @@ class LossScaler:
         self._ones: dict[torch.device, torch.Tensor] = {}
 
     # -- device state ------------------------------------------------------------------------
+    def to(self, device: torch.device | str) -> LossScaler:
+        """Place the scaler's state on ``device`` (live state moves with it); returns ``self``.
+
+        >>> float(StaticLossScaler(8.0).to("cpu").scale_tensor("cpu"))
+        8.0
+        """
+        self._ensure_state(torch.device(device))
+        return self
+
     def _ensure_state(self, device: torch.device) -> None:
         self._device = device
 
@@ -349,7 +362,33 @@ class DynamicLossScaler(StaticLossScaler):
             self._hysteresis_left.fill_(self._init_hysteresis_left)
 
 
-def warn_scaler_with_bf16() -> None:
+def resolve_scaler(scaler: LossScaler | str | None, precision: Precision) -> LossScaler:
+    """The engine's ``scaler=`` argument as a ``LossScaler`` (None: dynamic for fp16, else none).
+
+    >>> from ampkit.precision import Precision
+    >>> type(resolve_scaler(None, Precision.parse("fp16", "cpu"))).__name__
+    'DynamicLossScaler'
+    """
+    if scaler is None:
+        return DynamicLossScaler() if precision.needs_loss_scaling else NoLossScaler()
+    if isinstance(scaler, str):
+        choices: dict[str, type[LossScaler]] = {
+            "dynamic": DynamicLossScaler, "static": StaticLossScaler, "none": NoLossScaler,
+        }
+        if scaler not in choices:
+            raise ValueError(f"scaler={scaler!r}: use one of {sorted(choices)} or a LossScaler instance")
+        scaler = choices[scaler]()
+    if not isinstance(scaler, LossScaler):
+        raise TypeError(
+            f"scaler={scaler!r} is not an ampkit LossScaler; pass ampkit.DynamicLossScaler(...) "
+            "(a torch.amp.GradScaler's state can be loaded into one with load_state_dict)"
+        )
+    if scaler.enabled and precision.name == "bf16":
+        _warn_scaler_with_bf16()
+    return scaler
+
+
+def _warn_scaler_with_bf16() -> None:
     warnings.warn(
         "loss scaling was requested with bf16: bf16 has fp32's exponent range, so gradients do not "
         "underflow the way fp16's do and scaling only adds work (ampkit finding SCALER_WITH_BF16). "

@@ -73,7 +73,7 @@ def test_distributed_context_names_the_nonfinite_rank(seeded):
     model = Tiny()
     mp = ampkit.MixedPrecision("bf16", device="cpu")
     ctx = ad.setup(mp)
-    assert mp.found_inf_reducer is ctx and mp.hooks[0] is ctx
+    assert mp.reduces_found_inf and ctx.reduces_found_inf and mp.hooks[0] is ctx
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     result = _train(model, mp, opt, steps=1, nan_at=0)
     assert result.skipped and bool(ctx.loss_nonfinite)
@@ -88,7 +88,7 @@ def test_distributed_setup_again_replaces_the_previous_context():
     first = ad.setup(mp)
     second = ad.setup(mp, reduce_found_inf=False)
     assert mp.hooks.count(second) == 1 and first not in mp.hooks
-    assert mp.found_inf_reducer is None
+    assert not mp.reduces_found_inf and not second.reduces_found_inf
 
 
 def test_distributed_shard_gathers_kept_modules_in_fp32_and_blocks_in_bf16(seeded):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from telemetry_helpers import TinyRegressor
+
+from .telemetry_helpers import TinyRegressor
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ import torch
 
 from ampkit.diagnose.stats import FORMATS, tensor_stats
 from ampkit.diagnose.trace import CAST_OPS, OpError, OpRecord, TraceLog
-from ampkit.findings import SEVERITY_ORDER, Finding, Severity
+from ampkit.findings import SEVERITY_ORDER, Finding, Severity, nonfinite_input
 
 __all__ = [
     "Producer",
@@ -197,13 +197,10 @@ def input_findings(log: TraceLog, *, step: int | None) -> list[Finding]:
                     rows = torch.isnan(t.detach()).reshape(t.shape[0], -1).any(1).nonzero().flatten()
                     evidence["nan_rows"] = rows[:32].tolist()  # host read: only on the diagnosis path
             rows_txt = f" (rows {evidence['nan_rows']} of the batch)" if evidence.get("nan_rows") else ""
+            message, fix = nonfinite_input(f"a {info.dtype} tensor of shape {list(info.shape)} entering {rec.op} in "
+                                           f"{display_module(rec.module)} already holds NaN{rows_txt}")
             out.append(Finding(
-                code="NONFINITE_INPUT", severity="error",
-                message=(f"a {info.dtype} tensor of shape {list(info.shape)} entering {rec.op} in "
-                         f"{display_module(rec.module)} already holds NaN{rows_txt}: the data, not the precision, "
-                         "is the cause"),
-                fix=("Filter or repair the sample(s) in the data pipeline (torch.nan_to_num, or drop rows where "
-                     "torch.isnan(x).any(dim=-1)); check the preprocessing that produced them."),
+                code="NONFINITE_INPUT", severity="error", message=message, fix=fix,
                 module=rec.module, op=rec.op, location=display_location(rec.location), step=step, evidence=evidence,
             ))
         elif info.kind in ("parameter", "buffer") and (nan or pinf or ninf) and info.name not in seen_params:

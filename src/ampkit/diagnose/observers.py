@@ -22,11 +22,13 @@ from typing import Any
 
 import torch
 
+from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.observers_amp import AutocastWatch, BackwardWatch, OptimWatch
 from ampkit.diagnose.observers_base import CodeFilter, Ledger, PatchSet, Pending
 from ampkit.diagnose.observers_io import CheckpointWatch
 from ampkit.diagnose.observers_model import Capture, ModelWatch
 from ampkit.diagnose.observers_scaler import ScalerWatch
+from ampkit.findings import nonfinite_input
 
 __all__ = ["Context", "Failure", "Sampler"]
 
@@ -234,17 +236,12 @@ class Context:
                     continue
                 bad = True
                 model = self.models.label(cap.root)
+                message, fix = nonfinite_input(
+                    f"input #{i} of {model} ({tuple(x.shape)}, {dtype_name(x.dtype)}) holds NaN/inf in {len(idx)} "
+                    f"of {rows.numel()} samples (indices {idx[:8]}{' ...' if len(idx) > 8 else ''}) at step {it}, "
+                    "before any low-precision op runs")
                 self.ledger.add(
-                    "NONFINITE_INPUT", key=("input", model, i),
-                    message=(
-                        f"input #{i} of {model} ({tuple(x.shape)}, {str(x.dtype).replace('torch.', '')}) holds "
-                        f"NaN/inf in {len(idx)} of {rows.numel()} samples (indices {idx[:8]}"
-                        f"{' ...' if len(idx) > 8 else ''}) at step {it}: the data is broken before any "
-                        "low-precision op runs"
-                    ),
-                    fix=("clean the data at the source: drop or impute the rows with missing values "
-                         "(e.g. `x = torch.nan_to_num(x)` or filter with `torch.isfinite(x).all(dim=1)`), and "
-                         "check `torch.isfinite(batch).all()` in the data pipeline"),
+                    "NONFINITE_INPUT", key=("input", model, i), message=message, fix=fix,
                     location=cap.location, step=it,
                     evidence={"input": i, "samples": idx[:32], "batch_size": int(rows.numel())},
                 )

@@ -11,7 +11,7 @@ import torch
 
 from ampkit.diagnose.observers_amp import dtype_name
 from ampkit.diagnose.perf import low_precision_speed
-from ampkit.findings import Finding
+from ampkit.findings import Finding, scale_collapse
 
 if TYPE_CHECKING:
     from ampkit.diagnose.observers import Context
@@ -20,33 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["COLLAPSE_STEADY_FRACTION", "finalize", "slow_low_precision"]
 COLLAPSE_STEADY_FRACTION = 0.5
 """A scale that still skips this fraction of the second half of a run never settled."""
-
-_CAUSES = {
-    "nonfinite_data": (
-        "the input batch itself held NaN/inf",
-        "clean the data (see NONFINITE_INPUT): no loss scale makes NaN inputs finite",
-    ),
-    "nonfinite_loss": (
-        "the loss was already non-finite in the forward pass (an activation overflowed or went NaN)",
-        "fix the forward op named by FORWARD_OVERFLOW / FORWARD_NAN (keep that module in fp32); lowering "
-        "the loss scale cannot help a forward overflow",
-    ),
-    "nonfinite_forward": (
-        "activations went inf/NaN in the forward pass although the loss stayed finite (the non-finite "
-        "values were masked out of the loss but not out of the backward)",
-        "fix the forward op named by FORWARD_OVERFLOW / FORWARD_NAN; lowering the loss scale cannot help",
-    ),
-    "scaled_loss_overflow": (
-        "the loss was finite but loss × scale overflowed because the loss is fp16",
-        "compute the loss in fp32 (LOSS_IN_LOW_PRECISION)",
-    ),
-    "gradient_overflow": (
-        "the loss was finite but the gradients overflowed: a real gradient overflow in low precision",
-        "find the module with BACKWARD_OVERFLOW and keep it in fp32, reduce the loss's magnitude (mean "
-        "instead of sum, normalised targets), or train in bf16",
-    ),
-}
-
 
 def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool = True) -> None:
     """Evaluate the end-of-run rules into ``ctx.ledger`` (flushes pending reads first)."""
@@ -87,14 +60,13 @@ def _scale_collapse(ctx: Context) -> None:
             cause = ctx.cause_of.get(cause, cause)
             causes[cause] = causes.get(cause, 0) + 1
         cause = max(causes, key=lambda c: causes[c])
-        what, fix = _CAUSES[cause]
+        message, fix = scale_collapse(
+            cause, f"the GradScaler (created at {info.location}) skipped {len(ctx.skips)} of {ctx.iteration} "
+            f"steps: {why}", f" ({causes[cause]} of the skipped steps)")
         scales = [s for _, s in info.scales]
         ctx.ledger.add(
             "SCALE_COLLAPSE", key=info.location,
-            message=(
-                f"the GradScaler (created at {info.location}) skipped {len(ctx.skips)} of {ctx.iteration} steps: "
-                f"{why}. Cause: {what} ({causes[cause]} of the skipped steps)"
-            ),
+            message=message,
             fix=fix, location=info.location, step=min(ctx.skips),
             evidence={
                 "cause": cause, "causes": causes, "skipped_steps": len(ctx.skips), "steps": ctx.iteration,

@@ -55,15 +55,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
 
 from ampkit.diagnose.events import display_module, sort_findings
 from ampkit.diagnose.modules import float_tensors
-from ampkit.findings import Finding
+from ampkit.findings import SCALE_COLLAPSE_CAUSES, Finding
 from ampkit.hooks import EngineHook, StepResult
 
 if TYPE_CHECKING:
     from ampkit.diagnose.api import DiagnosisResult
-    from ampkit.engine import MixedPrecision
+    from ampkit.engine import Engine
 
 __all__ = ["ReplayDoctor"]
 
@@ -107,7 +108,7 @@ class ReplayDoctor(EngineHook):
         keep_last: keep the last healthy step's capture for ``replay()`` (see "Memory" above).
     """
 
-    def __init__(self, engine: MixedPrecision, *, max_replays: int = 3, shadow: bool = True,
+    def __init__(self, engine: Engine, *, max_replays: int = 3, shadow: bool = True,
                  bisect: bool = True, keep_last: bool = True) -> None:
         self.engine = engine
         self.keep_last = keep_last
@@ -133,10 +134,12 @@ class ReplayDoctor(EngineHook):
             self._hook(model)
 
     # -- engine hooks ------------------------------------------------------------------------
-    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
+    @override
+    def on_prepare(self, engine: Engine, model: nn.Module) -> None:
         self._hook(model)
 
-    def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
+    @override
+    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
         if self._replaying:
             return
         if not self._hooked and not self._warned_unprepared:
@@ -147,7 +150,8 @@ class ReplayDoctor(EngineHook):
         if self._out_nodes and loss.grad_fn is not None:
             self._hook_casts(loss.grad_fn)
 
-    def after_step(self, engine: MixedPrecision, result: StepResult,
+    @override
+    def after_step(self, engine: Engine, result: StepResult,
                    optimizers: Any) -> None:
         if self._replaying:
             return
@@ -189,6 +193,7 @@ class ReplayDoctor(EngineHook):
             model.register_forward_hook(self._post_hook, with_kwargs=True),
         ]
 
+    @override
     def close(self) -> None:
         """Remove the capture hooks from every model."""
         for handles in self._hooked.values():
@@ -415,15 +420,13 @@ def _scale_collapse(found: list[Finding], cap: _StepCapture) -> Finding:
     elif "BACKWARD_OVERFLOW" in infos:
         cause, detail = "gradient_overflow", "real gradient overflow at the current scale, avoidable by a lower scale"
     else:
-        cause, detail = "not_reproduced", "the last step replays finite; the collapse came from earlier steps"
+        cause, detail = "not_reproduced", SCALE_COLLAPSE_CAUSES["not_reproduced"].what
     top = next((f for f in found if f.severity == "error"), None)
     return Finding(
         code="SCALE_COLLAPSE", severity="error",
         message=f"the loss scale collapsed; replaying step {cap.step} attributes it to {detail}"
                 + (f" in {display_module(top.module)}" if top is not None and top.module is not None else ""),
-        fix=(top.fix if top is not None else
-             "Inspect the steps before the collapse (telemetry's scale history); a scale that keeps halving with a "
-             "finite loss means gradients overflow every step: keep the overflowing module in fp32 or use bf16."),
+        fix=top.fix if top is not None else SCALE_COLLAPSE_CAUSES["not_reproduced"].fix,
         module=top.module if top is not None else None, op=top.op if top is not None else None,
         location=top.location if top is not None else None, step=cap.step,
         evidence={"cause": cause, "scale": _scale_value(cap)},

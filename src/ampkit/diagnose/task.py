@@ -22,9 +22,9 @@ import torch
 from ampkit.diagnose.api import DiagnosisResult, diagnose_step
 from ampkit.diagnose.events import sort_findings
 from ampkit.diagnose.perf import low_precision_speed
-from ampkit.engine import MixedPrecision
 from ampkit.env import collect_environment
 from ampkit.findings import Finding
+from ampkit.mixed_precision import MixedPrecision
 from ampkit.precision import Precision
 
 __all__ = ["diagnose_task", "merge_findings"]

@@ -26,8 +26,9 @@ See docs/distributed.md for torchrun commands and what has been tested where.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ampkit._util.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ampkit.distributed._checkpoint import (
@@ -102,14 +103,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ampkit.distributed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"ampkit.distributed.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, {name: f"ampkit.distributed.{module}" for name, module in _LAZY.items()})

@@ -39,16 +39,16 @@ from torch.distributed.checkpoint import DefaultLoadPlanner
 from ampkit._util.io import atomic_write_bytes, fsync_dir
 from ampkit.checkpoint import (
     CheckpointError,
-    _as_list,
-    _check_extra,
-    _rng_state,
-    _set_rng_state,
+    as_list,
+    capture_rng_state,
+    check_extra,
     load_checkpoint,
+    restore_rng_state,
     save_checkpoint,
 )
 from ampkit.distributed._comm import ProcessGroup, all_gather_bytes, require_process_group
 from ampkit.distributed._setup import DistributedSetupError, check_consistent
-from ampkit.engine import MixedPrecision
+from ampkit.engine import Engine
 
 __all__ = [
     "load_ddp_checkpoint",
@@ -88,7 +88,7 @@ class _Phase:
         raise CheckpointError(f"{self.caller}: {self.what} failed on {len(failed)} rank(s):\n{detail}") from exc
 
 
-def _check_boundary(engine: MixedPrecision | None, caller: str) -> None:
+def _check_boundary(engine: Engine | None, caller: str) -> None:
     if engine is not None and engine.micro_step:
         raise CheckpointError(
             f"{caller}: the engine is {engine.micro_step} micro-batches into a {engine.grad_accumulation}-step "
@@ -97,7 +97,7 @@ def _check_boundary(engine: MixedPrecision | None, caller: str) -> None:
         )
 
 
-def _check_engines_agree(engine: MixedPrecision | None, group: ProcessGroup, caller: str) -> None:
+def _check_engines_agree(engine: Engine | None, group: ProcessGroup, caller: str) -> None:
     if engine is None:
         return
     check_consistent(
@@ -112,12 +112,12 @@ def _check_engines_agree(engine: MixedPrecision | None, group: ProcessGroup, cal
 
 def _rng_bytes() -> bytes:
     buf = io.BytesIO()
-    torch.save(_rng_state(), buf)
+    torch.save(capture_rng_state(), buf)
     return buf.getvalue()
 
 
 def _restore_rng_bytes(data: bytes) -> None:
-    _set_rng_state(torch.load(io.BytesIO(data), weights_only=True))
+    restore_rng_state(torch.load(io.BytesIO(data), weights_only=True))
 
 
 def _param_device(model: nn.Module) -> torch.device:
@@ -131,7 +131,7 @@ def save_ddp_checkpoint(
     *,
     model: nn.Module,
     optimizer: Optimizers = None,
-    engine: MixedPrecision | None = None,
+    engine: Engine | None = None,
     scheduler: Any = None,
     extra: dict[str, Any] | None = None,
     process_group: ProcessGroup = None,
@@ -162,7 +162,7 @@ def load_ddp_checkpoint(
     *,
     model: nn.Module,
     optimizer: Optimizers = None,
-    engine: MixedPrecision | None = None,
+    engine: Engine | None = None,
     scheduler: Any = None,
     restore_rng: bool = True,
     process_group: ProcessGroup = None,
@@ -226,7 +226,7 @@ def save_distributed_checkpoint(
     *,
     model: nn.Module,
     optimizer: Optimizers = None,
-    engine: MixedPrecision | None = None,
+    engine: Engine | None = None,
     scheduler: Any = None,
     extra: dict[str, Any] | None = None,
     process_group: ProcessGroup = None,
@@ -241,7 +241,7 @@ def save_distributed_checkpoint(
     require_process_group(caller)
     _check_boundary(engine, caller)
     _check_engines_agree(engine, process_group, caller)
-    opts, scheds = _as_list(optimizer), _as_list(scheduler)
+    opts, scheds = as_list(optimizer), as_list(scheduler)
     meta: dict[str, Any] = {
         "format": DCP_FORMAT,
         "world_size": dist.get_world_size(process_group),
@@ -254,7 +254,7 @@ def save_distributed_checkpoint(
     target = Path(directory)
     tmp = target.parent / f".{target.name}.partial"
     with _Phase(caller, f"preparing {str(tmp)!r}", process_group):
-        _check_extra(meta["extra"])
+        check_extra(meta["extra"])
         if rank == 0:
             if tmp.exists():
                 shutil.rmtree(tmp)  # left by a save that crashed
@@ -277,7 +277,7 @@ def load_distributed_checkpoint(
     *,
     model: nn.Module,
     optimizer: Optimizers = None,
-    engine: MixedPrecision | None = None,
+    engine: Engine | None = None,
     scheduler: Any = None,
     restore_rng: bool = True,
     process_group: ProcessGroup = None,
@@ -294,7 +294,7 @@ def load_distributed_checkpoint(
     require_process_group(caller)
     target = Path(directory)
     rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
-    opts, scheds = _as_list(optimizer), _as_list(scheduler)
+    opts, scheds = as_list(optimizer), as_list(scheduler)
     with _Phase(caller, f"reading {str(target)!r}", process_group):
         meta = _read_meta(target)
         if opts and len(opts) != meta["optimizers"]:

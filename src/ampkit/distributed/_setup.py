@@ -26,9 +26,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override
 
+from ampkit._util.version import __version__
 from ampkit.distributed._comm import ProcessGroup, all_gather_bytes, describe_ranks, require_process_group
-from ampkit.engine import MixedPrecision
+from ampkit.engine import Engine
 from ampkit.hooks import EngineHook
 
 __all__ = [
@@ -49,23 +51,16 @@ class DistributedSetupError(RuntimeError):
     """Ranks disagree on something that must be identical; raised on every rank at once."""
 
 
-def engine_descriptor(engine: MixedPrecision) -> dict[str, Any]:
+def engine_descriptor(engine: Engine) -> dict[str, Any]:
     """What must be identical on every rank for the ranks to take identical steps.
 
-    Reads the live loss scale from the device (a host sync; setup only).
+    The engine's configuration (``EngineConfig.describe()``), its scaler and step counters, and
+    the versions.  Reads the live loss scale from the device (a host sync; setup only).
     """
-    from ampkit._util.version import __version__
-
-    rules = [r if isinstance(r, str) else f"{r.__module__}.{r.__qualname__}" for r in engine.policy.rules]
     return {
-        "precision": engine.precision.name,
-        "device_type": engine.device.type,
-        "grad_accumulation": engine.grad_accumulation,
+        **engine.config.describe(),
         "scaler": type(engine.scaler).__name__,
         "scaler_state": engine.scaler.state_dict(),
-        "clip_grad_norm": engine.clip_grad_norm,
-        "skip_nonfinite": engine.skip_nonfinite,
-        "keep_fp32": rules,
         "micro_step": engine.micro_step,
         "optimizer_steps": engine.optimizer_steps,
         "ampkit": __version__,
@@ -103,22 +98,23 @@ def check_consistent(local: dict[str, Any], group: ProcessGroup = None, *, calle
 
 
 class DistributedContext(EngineHook):
-    """The process-group side of one engine; ``setup`` installs it as ``engine.found_inf_reducer``.
+    """The process-group side of one engine; ``setup`` attaches it with ``engine.add_hook``.
 
-    Calling it starts the all-reduce(MAX) of one optimizer's ``found_inf`` (asynchronous);
-    ``wait()`` completes every pending one (the engine calls it before the step decision).
-    As an ``EngineHook`` (first in ``engine.hooks``) it keeps this rank's local verdicts of the
-    last boundary, read by ``nonfinite_ranks()`` / ``first_nonfinite_rank()``.  Telemetry and the
-    doctor find it in ``engine.hooks`` (``isinstance(h, DistributedContext)``).
+    It keeps this rank's local verdicts of the last boundary, read by ``nonfinite_ranks()`` /
+    ``first_nonfinite_rank()``; it is the first of ``engine.hooks``, and telemetry and the
+    doctor find it there (``isinstance(h, DistributedContext)``).  This class only tracks;
+    ``setup(reduce_found_inf=True)`` attaches the subclass that also reduces ``found_inf``.
     """
 
-    def __init__(self, engine: MixedPrecision, group: ProcessGroup = None) -> None:
-        self.engine = engine
+    reduces_found_inf = False
+    """Whether this context makes ``found_inf`` global (all-reduce MAX)."""
+
+    def __init__(self, group: ProcessGroup = None) -> None:
+        self.engine: Engine | None = None
         self.group = group
         self.rank = dist.get_rank(group)
         """This process's rank within ``group``."""
         self.world_size = dist.get_world_size(group)
-        self._pending: list[Any] = []
         self._local_found: list[torch.Tensor] = []
         self._window_loss: torch.Tensor | None = None
         self.loss_nonfinite: torch.Tensor | None = None
@@ -127,32 +123,23 @@ class DistributedContext(EngineHook):
         """bool device scalar, last boundary: this rank's gradient shards were non-finite before the
         found_inf reduction (after DDP's or FSDP's own gradient communication)."""
 
-    # -- the reducer ------------------------------------------------------------------------------
-    def __call__(self, found_inf: torch.Tensor) -> torch.Tensor:
-        # One scalar copy: the local verdict survives the in-place reduction for diagnostics.
-        self._local_found.append(found_inf.detach().clone())
-        work = dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        self._pending.append(work)
-        return found_inf
-
-    def wait(self) -> None:
-        """Complete the pending all-reduces (NCCL: orders the stream, no host block; gloo: blocks)."""
-        pending, self._pending = self._pending, []
-        for work in pending:
-            work.wait()
+    @override
+    def on_attach(self, engine: Engine) -> None:
+        self.engine = engine
 
     # -- hooks ----------------------------------------------------------------------------------
-    def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
+    @override
+    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
         # Three scalar kernels per micro-batch, no sync.  The loss is this rank's own: it names
         # the origin of a NaN before any gradient communication spreads it to every rank.
         bad = torch.isfinite(loss.detach()).logical_not().any()
         self._window_loss = bad if self._window_loss is None else self._window_loss | bad
 
+    @override
     def before_optimizer_step(
-        self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
+        self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
         grad_norm: torch.Tensor | None,
     ) -> None:
-        self.wait()  # a no-op after the engine's own wait(); guards engines that skip it
         local = self._local_found
         self.grads_nonfinite = torch.stack(local).gt(0).any() if local else None
         self.loss_nonfinite = self._window_loss
@@ -179,8 +166,37 @@ class DistributedContext(EngineHook):
         return ranks[0] if ranks else None
 
     def __repr__(self) -> str:
-        reducing = self.engine.found_inf_reducer is self
-        return f"DistributedContext(rank={self.rank}, world_size={self.world_size}, reduces_found_inf={reducing})"
+        return (f"DistributedContext(rank={self.rank}, world_size={self.world_size}, "
+                f"reduces_found_inf={self.reduces_found_inf})")
+
+
+class _ReducingContext(DistributedContext):
+    """A ``DistributedContext`` that also makes ``found_inf`` global with an all-reduce(MAX).
+
+    ``reduce_found_inf`` starts the all-reduce of one optimizer's ``found_inf`` asynchronously;
+    ``wait_found_inf`` (called by the engine after clipping) completes every pending one.
+    """
+
+    reduces_found_inf = True
+
+    def __init__(self, group: ProcessGroup = None) -> None:
+        super().__init__(group)
+        self._pending: list[Any] = []
+
+    @override
+    def reduce_found_inf(self, engine: Engine, found_inf: torch.Tensor) -> torch.Tensor:
+        # One scalar copy: the local verdict survives the in-place reduction for diagnostics.
+        self._local_found.append(found_inf.detach().clone())
+        work = dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self._pending.append(work)
+        return found_inf
+
+    @override
+    def wait_found_inf(self, engine: Engine) -> None:
+        """Complete the pending all-reduces (NCCL: orders the stream, no host block; gloo: blocks)."""
+        pending, self._pending = self._pending, []
+        for work in pending:
+            work.wait()
 
 
 def nonfinite_ranks(found_inf: torch.Tensor | bool | float, group: ProcessGroup = None) -> list[int]:
@@ -210,7 +226,7 @@ def first_nonfinite_rank(found_inf: torch.Tensor | bool | float, group: ProcessG
 
 
 def setup(
-    engine: MixedPrecision,
+    engine: Engine,
     process_group: ProcessGroup = None,
     *,
     reduce_found_inf: bool = True,
@@ -229,7 +245,7 @@ def setup(
     again replaces the previous context.
     """
     require_process_group("ampkit.distributed.setup")
-    if not isinstance(engine, MixedPrecision):
+    if not isinstance(engine, Engine):
         raise TypeError(f"ampkit.distributed.setup(engine=...) needs an ampkit.MixedPrecision, got {type(engine).__name__}")
     if check:
         check_consistent(
@@ -240,8 +256,8 @@ def setup(
             "everywhere; a value that differs usually comes from a rank-local environment variable, config "
             "file or default (e.g. precision='auto' on ranks with different devices)",
         )
-    engine.hooks[:] = [h for h in engine.hooks if not isinstance(h, DistributedContext)]
-    ctx = DistributedContext(engine, process_group)
-    engine.hooks.insert(0, ctx)
-    engine.found_inf_reducer = ctx if reduce_found_inf else None
+    for old in [h for h in engine.hooks if isinstance(h, DistributedContext)]:
+        engine.remove_hook(old)
+    ctx = _ReducingContext(process_group) if reduce_found_inf else DistributedContext(process_group)
+    engine.add_hook(ctx, first=True)
     return ctx

@@ -36,7 +36,7 @@ from torch import nn
 
 from ampkit.distributed._comm import require_process_group
 from ampkit.distributed._setup import check_consistent
-from ampkit.engine import MixedPrecision
+from ampkit.engine import Engine
 from ampkit.policy import KeepFp32Rule, resolve_keep_fp32
 from ampkit.precision import Precision
 
@@ -47,8 +47,8 @@ BlockSpec = (
 )
 
 
-def _as_precision(precision: str | Precision | MixedPrecision, model: nn.Module | None = None) -> Precision:
-    if isinstance(precision, MixedPrecision):
+def _as_precision(precision: str | Precision | Engine, model: nn.Module | None = None) -> Precision:
+    if isinstance(precision, Engine):
         return precision.precision
     if isinstance(precision, Precision):
         return precision
@@ -56,7 +56,7 @@ def _as_precision(precision: str | Precision | MixedPrecision, model: nn.Module 
     return Precision.parse(precision, device=param.device if param is not None else "auto")
 
 
-def mixed_precision_policy(precision: str | Precision | MixedPrecision, *, output_dtype: torch.dtype | None = None) -> Any:
+def mixed_precision_policy(precision: str | Precision | Engine, *, output_dtype: torch.dtype | None = None) -> Any:
     """The FSDP2 ``MixedPrecisionPolicy`` for ``precision``: its dtype for params, fp32 for reduction.
 
     >>> mixed_precision_policy(Precision.parse("bf16", device="cpu"))
@@ -104,7 +104,7 @@ def _structure_digest(model: nn.Module) -> str:
 
 def shard(
     model: nn.Module,
-    precision: str | Precision | MixedPrecision,
+    precision: str | Precision | Engine,
     *,
     blocks: BlockSpec = None,
     keep_fp32: Sequence[KeepFp32Rule] | None = None,
@@ -136,8 +136,31 @@ def shard(
     require_process_group("ampkit.distributed.shard")
     prec = _as_precision(precision, model)
     if keep_fp32 is None:
-        keep_fp32 = precision.policy.rules if isinstance(precision, MixedPrecision) else ()
+        keep_fp32 = precision.policy.rules if isinstance(precision, Engine) else ()
     kept_names = resolve_keep_fp32(model, keep_fp32) if keep_fp32 else []
+    units = _units(model, prec, blocks, kept_names)
+    if check:
+        check_consistent(
+            {"precision": prec.name, "parameters": _structure_digest(model),
+             "units": sorted(n for n, _, _ in units), "keep_fp32": kept_names},
+            mesh.get_group() if mesh is not None else None,
+            caller="ampkit.distributed.shard",
+            fix="build the same model and pass the same precision on every rank (a 'parameters' mismatch "
+            "means the architectures differ)",
+        )
+    kwargs: dict[str, Any] = {} if mesh is None else {"mesh": mesh}
+    if reshard_after_forward is not None:
+        kwargs["reshard_after_forward"] = reshard_after_forward
+    # Bottom-up: fully_shard takes the parameters not already owned by a sharded sub-module.
+    for _name, module, unit_policy in sorted(units, key=lambda u: -u[0].count(".")):
+        fully_shard(module, mp_policy=unit_policy, **kwargs)
+    root_policy = mixed_precision_policy(prec, output_dtype=output_dtype)
+    fully_shard(model, mp_policy=root_policy, **kwargs)
+    return model
+
+
+def _units(model: nn.Module, prec: Precision, blocks: BlockSpec, kept_names: list[str]) -> list[tuple[str, nn.Module, Any]]:
+    """The FSDP units below the root: each block (low-precision policy), each kept module (fp32)."""
     modules = dict(model.named_modules())
     units: dict[int, tuple[str, nn.Module, Any]] = {}
     policy = mixed_precision_policy(prec)
@@ -150,21 +173,4 @@ def shard(
         module = modules[name]
         if name and any(True for _ in module.parameters()):
             units[id(module)] = (name, module, fp32_policy)
-    if check:
-        check_consistent(
-            {"precision": prec.name, "parameters": _structure_digest(model),
-             "units": sorted(n for n, _, _ in units.values()), "keep_fp32": kept_names},
-            mesh.get_group() if mesh is not None else None,
-            caller="ampkit.distributed.shard",
-            fix="build the same model and pass the same precision on every rank (a 'parameters' mismatch "
-            "means the architectures differ)",
-        )
-    kwargs: dict[str, Any] = {} if mesh is None else {"mesh": mesh}
-    if reshard_after_forward is not None:
-        kwargs["reshard_after_forward"] = reshard_after_forward
-    # Bottom-up: fully_shard takes the parameters not already owned by a sharded sub-module.
-    for _name, module, unit_policy in sorted(units.values(), key=lambda u: -u[0].count(".")):
-        fully_shard(module, mp_policy=unit_policy, **kwargs)
-    root_policy = mixed_precision_policy(prec, output_dtype=output_dtype)
-    fully_shard(model, mp_policy=root_policy, **kwargs)
-    return model
+    return list(units.values())

@@ -18,13 +18,13 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from ampkit.engine import MixedPrecision
+from ampkit.engine import Engine
 
 __all__ = ["no_sync"]
 
 
 @contextlib.contextmanager
-def no_sync(engine: MixedPrecision, model: nn.Module) -> Iterator[None]:
+def no_sync(engine: Engine, model: nn.Module) -> Iterator[None]:
     """Skip gradient communication for this micro-batch unless the next ``engine.step`` is a boundary.
 
     Wrap the forward and ``mp.backward`` of each micro-batch::

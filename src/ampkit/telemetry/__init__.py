@@ -1,6 +1,7 @@
 """Training telemetry: on-device step metrics, sinks, and alarms that can call the doctor.
 
-``MixedPrecision(..., telemetry=spec)`` wires it in through ``make_telemetry``.  ``spec`` is a
+``Telemetry`` is an ``EngineHook``: ``MixedPrecision(..., telemetry=spec)`` builds it with
+``make_telemetry`` and attaches it (so does ``hooks=[Telemetry(...)]``).  ``spec`` is a
 ``Telemetry``, a list of sinks (or callables), a single sink, a ``*.jsonl`` path, or ``True``
 (alarms only).  Metrics stay on the device and reach the host once per ``flush_every`` steps;
 see ``core`` for the data path, ``metrics`` for the reductions, ``alarms`` for the rules and
@@ -40,7 +41,7 @@ from ampkit.telemetry.sinks import (
 )
 
 if TYPE_CHECKING:
-    from ampkit.engine import MixedPrecision
+    from ampkit.engine import Engine
 
 __all__ = [
     "Alarm",
@@ -64,8 +65,8 @@ __all__ = [
 ]
 
 
-def make_telemetry(spec: Any, engine: MixedPrecision) -> Telemetry:
-    """Build (or take) the ``Telemetry`` for ``MixedPrecision(telemetry=spec)`` and bind it to ``engine``."""
+def make_telemetry(spec: Any, engine: Engine | None = None) -> Telemetry:
+    """Build (or take) the ``Telemetry`` for ``MixedPrecision(telemetry=spec)``; attach it to ``engine`` if given."""
     if isinstance(spec, Telemetry):
         telemetry = spec
     elif spec is True:
@@ -86,4 +87,6 @@ def make_telemetry(spec: Any, engine: MixedPrecision) -> Telemetry:
             f"MixedPrecision(telemetry={spec!r}): use a Telemetry(...), a list of sinks "
             "([JsonlSink(path), TensorBoardSink(dir), ProgressSink(), CallbackSink(fn)]), a '*.jsonl' path, or True"
         )
-    return telemetry.bind(engine)
+    if engine is not None and telemetry not in engine.hooks:
+        engine.add_hook(telemetry)
+    return telemetry

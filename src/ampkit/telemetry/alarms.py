@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ampkit.findings import CODES, Finding
+from ampkit.findings import CODES, Finding, nonfinite_input, scale_collapse
 
 __all__ = [
     "Alarm",
@@ -224,24 +224,13 @@ class _ScaleCollapseMonitor(Monitor):
         if below:
             what += f", below min_scale={self.config.min_scale:g}"
         if bad_inputs:
-            cause = "nonfinite_input"
-            message = (f"{what}; the model's floating inputs held inf/NaN on steps {bad_inputs}, so every such "
-                       "step overflows whatever the scale: this is bad data, not fp16 range")
-            fix = ("drop or repair the non-finite samples (check torch.isfinite(batch).all() in the data "
-                   "pipeline); lowering the scale cannot help")
+            cause, steps = "nonfinite_input", f" (inputs held inf/NaN on steps {bad_inputs})"
         elif bad_loss:
-            cause = "nonfinite_loss"
             inputs = "the inputs were finite" if watched else "the inputs were not watched (call mp.prepare(model))"
-            message = (f"{what}; the loss itself was inf/NaN on steps {bad_loss} while {inputs}: the forward "
-                       "pass or the loss overflows in low precision")
-            fix = ("name the op with MixedPrecision(..., doctor=True) or `ampkit doctor`; compute the loss in "
-                   "fp32 and keep the overflowing module in fp32 (keep_fp32=[...]), or train in bf16")
+            cause, steps = "nonfinite_loss", f" (the loss was inf/NaN on steps {bad_loss} while {inputs})"
         else:
-            cause = "gradient_overflow"
-            message = (f"{what}; the loss and the inputs were finite, so the backward pass overflows fp16 "
-                       "even at this scale")
-            fix = ("find the module with MixedPrecision(..., doctor=True); keep it in fp32 (keep_fp32=[...]) "
-                   "or train in bf16")
+            cause, steps = "gradient_overflow", " (the loss and the inputs were finite)"
+        message, fix = scale_collapse(cause, what, steps)
         evidence = {
             "consecutive_backoffs": len(streak), "first_step": first["step"], "last_step": last["step"],
             "scale_before": first["scale"], "scale_after": last["next_scale"],
@@ -419,12 +408,10 @@ class _LossNonFiniteMonitor(Monitor):
         self.fired = True
         loss, step = record["loss"], record["step"]
         if record.get("input_nonfinite"):
-            return self._event(
-                record, code="NONFINITE_INPUT", cause="nonfinite_input",
-                message=f"the loss was {loss} at step {step} and the model's floating inputs held inf/NaN",
-                fix="drop or repair the non-finite samples (check torch.isfinite(batch).all() in the data pipeline)",
-                evidence={"loss": loss, "skipped": record["skipped"]},
-            )
+            message, fix = nonfinite_input(f"the loss was {loss} at step {step} and the model's floating inputs "
+                                           "held inf/NaN")
+            return self._event(record, code="NONFINITE_INPUT", cause="nonfinite_input", message=message, fix=fix,
+                               evidence={"loss": loss, "skipped": record["skipped"]})
         inputs = ("the inputs were finite" if record.get("input_nonfinite") is not None
                   else "the inputs were not watched (call mp.prepare(model))")
         return self._event(

@@ -27,9 +27,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
-from ampkit.engine import MixedPrecision
-from ampkit.hooks import EngineHook, StepResult
+from ampkit._util.dtensor import local_shard
+from ampkit.engine import Engine
+from ampkit.hooks import EngineHook, HookEvent, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
 from ampkit.telemetry.metrics import COL, GradCounter, MetricBuffer, ModuleAbsmax
 from ampkit.telemetry.sinks import CallbackSink, Sink, SinkFailedWarning
@@ -52,7 +54,10 @@ class _StepMeta:
 
 
 class Telemetry(EngineHook):
-    """On-device step metrics, sinks and alarms for a ``MixedPrecision`` engine.
+    """On-device step metrics, sinks and alarms for an engine (an ``EngineHook``).
+
+    Attach it with ``MixedPrecision(..., telemetry=tel)``, ``hooks=[tel]`` or
+    ``engine.add_hook(tel)``; ``on_attach`` allocates the device buffers.
 
     Args:
         sinks: ``Sink`` objects (``JsonlSink``, ``TensorBoardSink``, ``ProgressSink``,
@@ -112,7 +117,7 @@ class Telemetry(EngineHook):
                                 "such as ScaleCollapseAlarm(action='stop')")
         self.alarms = alarm_list
         self.monitors: list[Monitor] = [a.monitor() for a in alarm_list]
-        self.engine: MixedPrecision | None = None
+        self.engine: Engine | None = None
         self._closed = False
         self._meta: list[_StepMeta] = []
         self._pending: _StepMeta | None = None
@@ -122,10 +127,11 @@ class Telemetry(EngineHook):
         self._losses = 0
 
     # -- binding -------------------------------------------------------------------------------
-    def bind(self, engine: MixedPrecision) -> Telemetry:
-        """Attach to ``engine`` (done by ``MixedPrecision(telemetry=...)``); allocates the device buffers."""
+    @override
+    def on_attach(self, engine: Engine) -> None:
+        """Bind to ``engine`` and allocate the device buffers (one Telemetry per engine)."""
         if self.engine is engine:
-            return self
+            return
         if self.engine is not None:
             raise ValueError("this Telemetry is already attached to another MixedPrecision engine; "
                              "build one Telemetry per engine")
@@ -138,7 +144,6 @@ class Telemetry(EngineHook):
         self._counter = GradCounter(device)
         self._modules = ModuleAbsmax(device)
         self._watch_new_models()
-        return self
 
     def _watch_new_models(self) -> None:
         engine = self.engine
@@ -158,15 +163,15 @@ class Telemetry(EngineHook):
             self._acc[2].add_(torch.isfinite(bounds).all().logical_not())
 
     # -- engine hooks (hot path: no host sync) ---------------------------------------------------
-    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
+    @override
+    def on_prepare(self, engine: Engine, model: nn.Module) -> None:
         if not self._closed:
-            self.bind(engine)
             self._watch_new_models()
 
-    def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
+    @override
+    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
         if self._closed:
             return
-        self.bind(engine)
         self._watch_new_models()
         value = loss.detach()
         value = value.reshape(()) if value.numel() == 1 else value.float().mean()
@@ -174,7 +179,8 @@ class Telemetry(EngineHook):
         self._acc[1].add_(torch.isfinite(value).logical_not())
         self._losses += 1
 
-    def after_unscale(self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    @override
+    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         # Counted before clipping: on a skipped step clip_grad_norm_ multiplies every gradient by a
         # NaN coefficient, which would make every element look non-finite.
         if self._closed:
@@ -183,18 +189,21 @@ class Telemetry(EngineHook):
 
     @staticmethod
     def _local_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return [_local(p.grad) for p in params if p.grad is not None]
+        # A sharded (FSDP2 DTensor) gradient is counted through this rank's shard: operating on
+        # the DTensor itself would run collectives (a sync) in the hot path.
+        with torch.no_grad():
+            return [local_shard(p.grad) for p in params if p.grad is not None]
 
     @staticmethod
     def _params(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
         return [p for opt in optimizers for group in opt.param_groups for p in group["params"]
                 if p.grad is not None and p.grad.numel()]
 
-    def before_optimizer_step(self, engine: MixedPrecision, optimizers: Sequence[torch.optim.Optimizer],
+    @override
+    def before_optimizer_step(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer],
                               found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
         if self._closed:
             return
-        self.bind(engine)
         r = len(self._meta)
         params = self._params(optimizers)
         grads = self._local_grads(params)
@@ -226,7 +235,8 @@ class Telemetry(EngineHook):
             meta.module_slot, meta.module_names, meta.module_present = slot, self._modules.names, present
         self._pending = meta
 
-    def after_step(self, engine: MixedPrecision, result: StepResult,
+    @override
+    def after_step(self, engine: Engine, result: StepResult,
                    optimizers: Sequence[torch.optim.Optimizer]) -> None:
         if self._closed or self._pending is None:
             return
@@ -292,22 +302,28 @@ class Telemetry(EngineHook):
             if e.action == "stop":
                 stop = stop or e
             elif e.action == "doctor":
-                doctor = getattr(self.engine, "doctor", None)
-                if doctor is None:
-                    warnings.warn(f"{text}. (The alarm asked for the doctor, but it is off: build "
-                                  "MixedPrecision(..., doctor=True) to replay the step instrumented.)",
-                                  AlarmWarning, stacklevel=3)
-                    continue
-                try:
-                    doctor.replay(reason=e.reason)
-                except Exception as ex:  # the doctor's failure must not end training either
-                    warnings.warn(f"{text}. The doctor's replay failed with {type(ex).__name__}: {ex}",
-                                  AlarmWarning, stacklevel=3)
+                self._ask_replay(e, text)
             else:
                 warnings.warn(text, AlarmWarning, stacklevel=3)
         if stop is not None:
             raise TrainingStopped(stop)
 
+    def _ask_replay(self, e: AlarmEvent, text: str) -> None:
+        # The doctor (a hook on the same engine) serves "replay" events; emit says whether one did.
+        engine = self.engine
+        try:
+            handled = engine is not None and engine.emit(HookEvent(
+                kind="replay", reason=e.reason, step=engine.optimizer_steps, data={"alarm_step": e.step}))
+        except Exception as ex:  # the doctor's failure must not end training either
+            warnings.warn(f"{text}. The doctor's replay failed with {type(ex).__name__}: {ex}",
+                          AlarmWarning, stacklevel=4)
+            return
+        if not handled:
+            warnings.warn(f"{text}. (The alarm asked for the doctor, but it is off: build "
+                          "MixedPrecision(..., doctor=True) to replay the step instrumented.)",
+                          AlarmWarning, stacklevel=4)
+
+    @override
     def close(self) -> None:
         """Flush what is pending, close the sinks, remove the input hooks.  Idempotent."""
         if self._closed:
@@ -364,16 +380,6 @@ def _record(meta: _StepMeta, v: list[float], rank: int, modules: list[list[float
         row = modules[meta.module_slot]
         rec["module_grad_absmax"] = {meta.module_names[j]: row[j] for j in meta.module_present}
     return rec
-
-
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    # A sharded (FSDP2 DTensor) gradient is counted through this rank's shard: operating on the
-    # DTensor itself would run collectives (a sync) in the hot path.
-    to_local = getattr(grad, "to_local", None)
-    if to_local is None:
-        return grad
-    with torch.no_grad():
-        return to_local()  # type: ignore[no-any-return]
 
 
 def _close(sink: Sink) -> None:

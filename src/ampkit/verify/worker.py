@@ -142,7 +142,7 @@ def _configure(device: torch.device) -> dict[str, Any]:
 
 
 def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) -> None:
-    from ampkit.engine import MixedPrecision
+    from ampkit.mixed_precision import MixedPrecision
     from ampkit.tasks import load_task
     from ampkit.verify import ranks
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from telemetry_helpers import batch, train_step
 
 import ampkit
 from ampkit.telemetry import (
@@ -26,6 +25,8 @@ from ampkit.telemetry import (
     TensorBoardSink,
     make_telemetry,
 )
+
+from .telemetry_helpers import batch, train_step
 
 
 class Run:

@@ -6,11 +6,12 @@ import math
 
 import pytest
 import torch
-from telemetry_helpers import batch, train_step
 
 import ampkit
 from ampkit.telemetry import Telemetry
 from ampkit.telemetry.metrics import GradCounter, MetricBuffer, ModuleAbsmax, _plan_chunks
+
+from .telemetry_helpers import batch, train_step
 
 
 def _grads_with_specials(dtype: torch.dtype) -> list[torch.Tensor]:

@@ -1,0 +1,58 @@
+"""Construction-time checks of the engine's inputs: parameters and optimizer ``eps``.
+
+They run once per model (``prepare``) and once per optimizer layout (the first boundary), never
+per step, and raise with the call echoed and the fix.
+
+>>> import torch
+>>> check_param(torch.zeros(2, requires_grad=True), where="w", device=torch.device("cpu"), scaled=True)
+>>> check_eps(torch.optim.Adam([torch.zeros(1, dtype=torch.float16)]), 1e-8, {torch.float16})
+Traceback (most recent call last):
+...
+ValueError: Adam(eps=1e-08) cannot be represented in fp16 parameters (it becomes 0), so the update can divide by zero and go inf/NaN. Keep the parameters in fp32, or use eps >= 6.10352e-05 (the smallest normal fp16)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ampkit._util.dtypes import dtype_name
+
+__all__ = ["check_eps", "check_param"]
+
+
+def check_param(p: torch.Tensor, *, where: str, device: torch.device, scaled: bool) -> None:
+    """Raise when ``p`` cannot be trained by an engine on ``device`` (``scaled``: fp16 loss scaling)."""
+    if p.device.type == "meta":
+        raise RuntimeError(
+            f"{where} is on the meta device (allocated without storage), so it cannot be trained; "
+            f"materialise the model first with model.to_empty(device={str(device)!r}) and load "
+            "or initialise its weights"
+        )
+    if p.device.type != device.type:
+        raise RuntimeError(
+            f"{where} lives on {p.device} but the engine was built for {device}; move the model "
+            f"with model.to({str(device)!r}) before building the optimizer, or build "
+            f"MixedPrecision(..., device={p.device.type!r})"
+        )
+    if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16) and scaled:
+        raise TypeError(
+            f"{where} is a trainable {dtype_name(p.dtype)} parameter, but fp16 loss scaling needs fp32 "
+            "master weights: small updates round away in fp16 and unscaling fp16 gradients "
+            "overflows. Keep the model in fp32 (drop model.half() / .to(torch.float16)) and let "
+            "mp.autocast() run the math in fp16 (ampkit finding LOW_PRECISION_PARAMS)"
+        )
+
+
+def check_eps(opt: torch.optim.Optimizer, eps: float, dtypes: set[torch.dtype]) -> None:
+    """Raise when ``eps`` rounds to 0 (or by more than 1%) in a low-precision parameter dtype."""
+    for dtype in dtypes:
+        if not dtype.is_floating_point or dtype == torch.float32 or dtype == torch.float64:
+            continue
+        stored = float(torch.tensor(eps, dtype=dtype))
+        if eps > 0 and (stored == 0.0 or abs(stored - eps) / eps > 0.01):
+            tiny = torch.finfo(dtype).tiny
+            raise ValueError(
+                f"{type(opt).__name__}(eps={eps:g}) cannot be represented in {dtype_name(dtype)} parameters "
+                f"(it becomes {stored:g}), so the update can divide by zero and go inf/NaN. Keep the "
+                f"parameters in fp32, or use eps >= {tiny:g} (the smallest normal {dtype_name(dtype)})"
+            )

@@ -1,0 +1,70 @@
+"""``EngineConfig``: everything that decides how an engine trains, in one frozen object.
+
+The engine keeps its configuration here and derives the rest from it: its ``repr``, the
+``precision`` / ``grad_accumulation`` entries of its ``state_dict``, and the descriptor that
+``ampkit.distributed.setup`` compares across ranks (``describe()``).  The loss scaler is not
+configuration but state (its scale moves every step); the engine holds it next to the config.
+
+>>> from ampkit.precision import Precision
+>>> cfg = EngineConfig(precision=Precision.parse("bf16", "cpu"), grad_accumulation=2)
+>>> cfg.describe()["grad_accumulation"], cfg.describe()["precision"]
+(2, 'bf16')
+>>> EngineConfig(precision=cfg.precision, grad_accumulation=0)
+Traceback (most recent call last):
+...
+ValueError: MixedPrecision(grad_accumulation=0): must be an int >= 1 (the number of micro-batches per optimizer step)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ampkit.policy import KeepFp32Rule
+from ampkit.precision import Precision
+
+__all__ = ["EngineConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How an engine trains; validated on construction (the errors name ``MixedPrecision``'s arguments)."""
+
+    precision: Precision
+    """The resolved precision: autocast dtype, whether loss scaling is needed, and the device."""
+    grad_accumulation: int = 1
+    """Micro-batches per optimizer step (``backward`` divides each loss by it)."""
+    clip_grad_norm: float | None = None
+    """Max global L2 norm of the unscaled gradients, or None to not clip."""
+    keep_fp32: tuple[KeepFp32Rule, ...] = ()
+    """Module name patterns or ``nn.Module`` types that run in fp32 (applied by ``prepare``)."""
+    skip_nonfinite: bool = True
+    """Skip steps whose gradients or loss hold inf/NaN even without loss scaling."""
+
+    def __post_init__(self) -> None:
+        ga = self.grad_accumulation
+        if not (isinstance(ga, int) and ga >= 1):
+            raise ValueError(
+                f"MixedPrecision(grad_accumulation={ga!r}): must be an int >= 1 "
+                "(the number of micro-batches per optimizer step)"
+            )
+        clip = self.clip_grad_norm
+        if clip is not None and not clip > 0:
+            raise ValueError(f"MixedPrecision(clip_grad_norm={clip!r}): must be > 0, or None to not clip")
+        object.__setattr__(self, "keep_fp32", tuple(self.keep_fp32))
+
+    @property
+    def keep_fp32_names(self) -> list[str]:
+        """The keep-fp32 rules as strings (a type by its qualified name), for JSON and messages."""
+        return [r if isinstance(r, str) else f"{r.__module__}.{r.__qualname__}" for r in self.keep_fp32]
+
+    def describe(self) -> dict[str, Any]:
+        """The configuration as JSON-able values (what ``repr`` shows and ranks must agree on)."""
+        return {
+            "precision": self.precision.name,
+            "device_type": self.precision.device.type,
+            "grad_accumulation": self.grad_accumulation,
+            "clip_grad_norm": self.clip_grad_norm,
+            "skip_nonfinite": self.skip_nonfinite,
+            "keep_fp32": self.keep_fp32_names,
+        }

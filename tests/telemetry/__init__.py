@@ -1,0 +1,1 @@
+"""Tests of ampkit.telemetry, one module per source module."""

@@ -1,0 +1,40 @@
+"""The public class (ampkit.mixed_precision): the telemetry= and doctor= shorthands become hooks."""
+
+from __future__ import annotations
+
+import pytest
+
+import ampkit
+from ampkit.diagnose.replay import ReplayDoctor
+from ampkit.engine import Engine
+from ampkit.hooks import HookEvent
+from ampkit.mixed_precision import MixedPrecision
+
+
+def test_mixed_precision_is_the_public_engine() -> None:
+    assert ampkit.MixedPrecision is MixedPrecision and issubclass(MixedPrecision, Engine)
+    mp = MixedPrecision("bf16", device="cpu")
+    assert mp.telemetry is None and mp.doctor is None and mp.hooks == ()
+    assert repr(mp).startswith("MixedPrecision('bf16', device='cpu', scaler=NoLossScaler, grad_accumulation=1")
+
+
+def test_mixed_precision_engine_takes_only_hooks() -> None:
+    with pytest.raises(TypeError):
+        Engine("bf16", device="cpu", telemetry=True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Engine("bf16", device="cpu", doctor=True)  # type: ignore[call-arg]
+
+
+def test_mixed_precision_shorthands_attach_after_the_given_hooks() -> None:
+    first = ampkit.EngineHook()
+    mp = MixedPrecision("fp16", device="cpu", hooks=[first], telemetry=True, doctor=True)
+    assert isinstance(mp.telemetry, ampkit.Telemetry) and isinstance(mp.doctor, ReplayDoctor)
+    assert mp.hooks[:3] == (first, mp.telemetry, mp.doctor)
+    assert mp.telemetry.engine is mp
+
+
+def test_mixed_precision_replay_event_reaches_the_doctor() -> None:
+    mp = MixedPrecision("fp16", device="cpu", doctor=True)
+    assert mp.emit(HookEvent(kind="replay", reason="manual")) is True  # nothing captured: logged, no findings
+    assert mp.doctor is not None and mp.doctor.findings == []
+    assert MixedPrecision("fp16", device="cpu").emit(HookEvent(kind="replay")) is False
