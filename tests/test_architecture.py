@@ -34,18 +34,17 @@ LINT = "ampkit.lint"
 # Violations present when this test was written; each entry is removed as the code is fixed,
 # and an entry that no longer occurs fails the test so the list only shrinks.
 ALLOWED_UPWARD: set[tuple[str, str]] = {
-    ("ampkit.engine", "ampkit.diagnose.replay"),
+    ("ampkit.engine", "ampkit.diagnose.live"),
     ("ampkit.engine", "ampkit.telemetry"),
     ("ampkit.tasks.digits", "ampkit.verify.task"),
     ("ampkit.tasks.tinygpt", "ampkit.verify.task"),
 }
 ALLOWED_CYCLES: set[frozenset[str]] = {
-    frozenset({"ampkit.diagnose.replay", "ampkit.engine"}),
     frozenset({"ampkit.lint.checker", "ampkit.lint.fix"}),
 }
 # Files and functions over the size limits when this test was written (same rule as above).
 ALLOWED_LONG: set[str] = {
-    "ampkit/diagnose/api.py", "ampkit/engine.py", "ampkit/distributed/_launch.py", "ampkit/distributed/_shard.py",
+    "ampkit/engine.py", "ampkit/distributed/_launch.py", "ampkit/distributed/_shard.py",
     "ampkit/verify/launch.py", "ampkit/verify/report.py",
 }
 

@@ -29,7 +29,7 @@ def _requirement_met(requirement: str | None) -> bool:
     if requirement == "no_cuda":
         return not torch.cuda.is_available()
     if requirement in ("slow_fp16_cpu", "fast_bf16_cpu"):
-        from ampkit.diagnose.observers_rules import slow_low_precision
+        from ampkit.diagnose.script.rules import slow_low_precision
 
         if requirement == "slow_fp16_cpu":
             return slow_low_precision("fp16", "cpu") is not None

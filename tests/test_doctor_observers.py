@@ -13,11 +13,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampkit.diagnose.observers import Context, Sampler
-from ampkit.diagnose.observers_base import CodeFilter, Ledger, PatchSet, Pending
-from ampkit.diagnose.observers_io import checkpoint_contents
-from ampkit.diagnose.observers_rules import finalize
-from ampkit.diagnose.script_errors import explain_exception
+from ampkit.diagnose.script.context import Context, Sampler
+from ampkit.diagnose.script.errors import explain_exception
+from ampkit.diagnose.script.patches import CodeFilter, Ledger, PatchSet, Pending
+from ampkit.diagnose.script.rules import finalize
+from ampkit.diagnose.script.watchers.io import checkpoint_contents
 
 
 class _Base:

@@ -17,7 +17,7 @@ import torch
 import ampkit.scaler
 from ampkit.cli.doctor import is_script
 from ampkit.cli.main import UsageError, main
-from ampkit.diagnose.script import run_script
+from ampkit.diagnose.script.runner import run_script
 
 
 def _write(path: Path, source: str) -> Path:

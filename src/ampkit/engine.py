@@ -126,7 +126,7 @@ class MixedPrecision:
             self.telemetry = make_telemetry(telemetry, self)
             self.hooks.append(self.telemetry)
         if doctor:
-            from ampkit.diagnose.replay import ReplayDoctor
+            from ampkit.diagnose.live import ReplayDoctor
 
             self.doctor = ReplayDoctor(self)
             self.hooks.append(self.doctor)

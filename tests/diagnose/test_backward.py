@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ampkit.diagnose.api import diagnose_step
+from ampkit.diagnose.step.api import diagnose_step
 
 
 class Amplifier(nn.Module):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.diagnose.api import diagnose_step
+from ampkit.diagnose.step.api import diagnose_step
 
 
 def _loss_with(model: nn.Module, keep: list[str], x: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.diagnose.api import diagnose_step
-from ampkit.diagnose.compare import SQNR_THRESHOLD_DB, compare_grads, sqnr_db
+from ampkit.diagnose.step.api import diagnose_step
+from ampkit.diagnose.step.compare import SQNR_THRESHOLD_DB, compare_grads, sqnr_db
 from ampkit.tasks.gpt import GPT, GPTConfig
 
 

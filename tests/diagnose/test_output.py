@@ -12,8 +12,11 @@ import jsonschema
 import pytest
 import torch
 
-from ampkit.diagnose.api import DiagnosisResult, diagnose_step
-from ampkit.diagnose.output import render_html, render_terminal, write_html, write_json
+from ampkit.diagnose.report.html import render_html, write_html
+from ampkit.diagnose.report.json import write_json
+from ampkit.diagnose.report.terminal import render_terminal
+from ampkit.diagnose.step.api import diagnose_step
+from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.findings import Finding
 
 EVIL = '<script>alert("x")</script>'

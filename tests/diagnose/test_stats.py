@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ampkit.diagnose.stats import FORMATS, finalize_ranges, pending_range, tensor_stats
+from ampkit.diagnose.core.stats import FORMATS, finalize_ranges, pending_range, tensor_stats
 
 INF, NAN = float("inf"), float("nan")
 

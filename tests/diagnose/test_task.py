@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.diagnose.perf import low_precision_speed
+from ampkit.diagnose.core.perf import low_precision_speed
 from ampkit.diagnose.task import diagnose_task, merge_findings
 from ampkit.findings import Finding
 from ampkit.tasks.gpt import GPT, GPTConfig

@@ -8,7 +8,7 @@ import doctor_models as dm
 import torch
 from torch import nn
 
-from ampkit.diagnose.api import diagnose_step
+from ampkit.diagnose.step.api import diagnose_step
 
 MODELS = os.path.abspath(dm.__file__)
 

@@ -6,7 +6,7 @@ diagnosis:
 1. diagnoses the first batch with ``diagnose_step`` (op-level trace, FP32 shadow, bisection,
    headroom), at the scale the engine would use;
 2. trains ``steps`` steps with ``MixedPrecision(precision, doctor=True)``, so any step that is
-   skipped or goes non-finite later is replayed and diagnosed (``ampkit.diagnose.replay``);
+   skipped or goes non-finite later is replayed and diagnosed (``ampkit.diagnose.live.doctor``);
 3. measures whether the precision is slower than fp32 here (SLOW_LOW_PRECISION).
 
 Findings repeated across steps are merged into one (``evidence.steps`` lists them).
@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.api import DiagnosisResult, diagnose_step
+from ampkit.diagnose.core.display import sort_findings
+from ampkit.diagnose.core.perf import low_precision_speed
 from ampkit.diagnose.environment import collect_environment
-from ampkit.diagnose.events import sort_findings
-from ampkit.diagnose.perf import low_precision_speed
+from ampkit.diagnose.step.api import diagnose_step
+from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.engine import MixedPrecision
 from ampkit.findings import Finding
 from ampkit.precision import Precision

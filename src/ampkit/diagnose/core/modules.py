@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
-from ampkit.diagnose.stats import merge_ranges, pending_range
+from ampkit.diagnose.core.stats import merge_ranges, pending_range
 
 __all__ = ["ModuleRecorder", "energy_pair", "float_tensors", "module_of_param", "reduction_dtype"]
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ampkit.diagnose.observers_amp import dtype_name
-from ampkit.diagnose.observers_base import PatchSet
+from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.watchers.autocast import dtype_name
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.observers import Context
+    from ampkit.diagnose.script.context import Context
 
 __all__ = ["ScaledSource", "ScalerInfo", "ScalerWatch"]
 

@@ -24,7 +24,7 @@ tensor is already computed when it is read (CPU kernels are synchronous), so it 
 once; on an accelerator it is copied into pinned memory with ``non_blocking=True`` and an
 event, and read at a later hook (the next forward or boundary) once ``event.query()`` says it
 has arrived — never by waiting (``torch.Event``: CUDA, XPU, MPS alike).  A failed step (skipped, or non-finite loss) is replayed on
-a deep copy of the model, fully instrumented (``ampkit.diagnose.api``), and its findings are
+a deep copy of the model, fully instrumented (``ampkit.diagnose.step.api``), and its findings are
 appended to ``findings`` and logged on the ``ampkit.doctor`` logger.
 
 A skipped step with a finite loss that the replay shows to be ordinary dynamic loss scaling
@@ -56,13 +56,13 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ampkit.diagnose.events import display_module, sort_findings
-from ampkit.diagnose.modules import float_tensors
+from ampkit.diagnose.core.display import display_module, sort_findings
+from ampkit.diagnose.core.modules import float_tensors
 from ampkit.findings import Finding
 from ampkit.hooks import EngineHook, StepResult
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.api import DiagnosisResult
+    from ampkit.diagnose.step.result import DiagnosisResult
     from ampkit.engine import MixedPrecision
 
 __all__ = ["ReplayDoctor"]
@@ -292,9 +292,9 @@ class ReplayDoctor(EngineHook):
         return found
 
     def _run(self, cap: _StepCapture, reason: str) -> list[Finding]:
-        from ampkit.diagnose.api import diagnose_program
-        from ampkit.diagnose.programs import OutputGradProgram
-        from ampkit.diagnose.session import RngSnapshot, Session
+        from ampkit.diagnose.step.api import diagnose_program
+        from ampkit.diagnose.step.programs import OutputGradProgram
+        from ampkit.diagnose.step.session import RngSnapshot, Session
 
         scale = _scale_value(cap)
         effective = scale / cap.grad_accumulation  # the factor the captured output gradients carry

@@ -15,11 +15,11 @@ import torch
 import torch.optim.lr_scheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ampkit.diagnose.observers_base import PatchSet
+from ampkit.diagnose.script.patches import PatchSet
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.observers import Context
-    from ampkit.diagnose.observers_model import Capture
+    from ampkit.diagnose.script.context import Context
+    from ampkit.diagnose.script.watchers.model import Capture
 
 __all__ = ["AutocastWatch", "BackwardWatch", "OptimWatch"]
 

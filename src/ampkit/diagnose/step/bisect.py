@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose import compare
-from ampkit.diagnose.events import find_producer
-from ampkit.diagnose.session import RunResult, Session, copy_model
+from ampkit.diagnose.step import compare
+from ampkit.diagnose.step.events import find_producer
+from ampkit.diagnose.step.session import RunResult, Session, copy_model
 from ampkit.policy import Fp32Policy
 
 __all__ = ["BisectOutcome", "Objective", "Trial", "bisect_keep_fp32", "compress_names", "rank_candidates"]

@@ -1,15 +1,10 @@
-"""Findings output: the terminal, ``ampkit.doctor/1`` JSON, and a self-contained HTML page.
+"""The doctor's report as one self-contained HTML page (no external resources).
 
-* ``render_terminal`` prints worst first (with ``rich`` when it is installed; plain text
-  otherwise or when the stream is not a terminal).
-* ``write_json`` writes the schema (``src/ampkit/schemas/doctor.schema.json``) atomically.
-* ``write_html`` writes one file with no external resources: the findings, the verified
-  keep-fp32 fix, the SQNR table, and per-module headroom charts (hand-written inline SVG:
-  log2 bits to overflow and to underflow of every module's outputs and parameter gradients,
-  one chart per format).  Every user-derived string is escaped with ``html.escape``.
-
-Files are written through ``ampkit._util.io.atomic_write_bytes`` (temp file, fsync,
-rename): a crash never leaves half a report.
+It shows the findings, the verified keep-fp32 fix, the SQNR table, and per-module headroom
+charts (hand-written inline SVG: log2 bits to overflow and to underflow of every module's
+outputs and parameter gradients, one chart per format).  Every user-derived string is
+escaped with ``html.escape``.  ``write_html`` writes through
+``ampkit._util.io.atomic_write_bytes``: a crash never leaves half a page.
 """
 
 from __future__ import annotations
@@ -18,105 +13,18 @@ import html
 import json
 import math
 import os
-import sys
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import Any
 
 from ampkit._util.io import atomic_write_bytes
-from ampkit.diagnose._jsonable import jsonable
-from ampkit.diagnose.api import SCHEMA, DiagnosisResult
-from ampkit.diagnose.events import display_module, sort_findings
-from ampkit.diagnose.stats import FORMATS
+from ampkit._util.jsonfloat import NONFINITE_AS_STRING, to_json
+from ampkit.diagnose.core.display import display_module, finding_where, sort_findings
+from ampkit.diagnose.core.stats import FORMATS
+from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.findings import Finding
 
-__all__ = ["doctor_document", "render_html", "render_terminal", "write_html", "write_json"]
+__all__ = ["render_html", "write_html"]
 
-_TAGS = {"error": "ERROR", "warning": "WARN ", "info": "INFO "}
-_RICH_STYLE = {"error": "bold white on red", "warning": "bold black on yellow", "info": "bold white on blue"}
-
-
-def _where(f: Finding) -> str:
-    parts = [display_module(f.module) if f.module is not None else None, f.op, f.location,
-             f"step {f.step}" if f.step is not None else None]
-    return " · ".join(p for p in parts if p)
-
-
-def render_terminal(findings: Sequence[Finding], file: IO[str] | None = None, *, color: bool | None = None) -> None:
-    """Print ``findings`` worst first, then a one-line summary.
-
-    >>> import io
-    >>> buf = io.StringIO()
-    >>> render_terminal([Finding(code="PRECISION_LOSS", severity="warning", message="m", fix="f")], file=buf)
-    >>> "PRECISION_LOSS" in buf.getvalue() and "1 warning" in buf.getvalue()
-    True
-    """
-    out = file if file is not None else sys.stdout
-    ordered = sort_findings(list(findings))
-    use_rich = color if color is not None else (hasattr(out, "isatty") and out.isatty())
-    if use_rich:
-        try:
-            _render_rich(ordered, out)
-            return
-        except ImportError:
-            pass
-    for f in ordered:
-        head = f"{_TAGS[f.severity]} {f.code}"
-        where = _where(f)
-        print(f"{head}  {where}" if where else head, file=out)
-        print(f"        {f.message}", file=out)
-        print(f"        fix: {f.fix}", file=out)
-    print(_summary(ordered), file=out)
-
-
-def _summary(findings: Sequence[Finding]) -> str:
-    if not findings:
-        return "ampkit doctor: no findings"
-    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
-    text = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
-    return f"ampkit doctor: {len(findings)} finding{'s' if len(findings) != 1 else ''} ({text})"
-
-
-def _render_rich(findings: Sequence[Finding], out: IO[str]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    console = Console(file=out, highlight=False, soft_wrap=False)
-    for f in findings:
-        console.print(f"[{_RICH_STYLE[f.severity]}] {f.severity.upper()} [/] [bold]{escape(f.code)}[/]  "
-                      f"[cyan]{escape(_where(f))}[/]")
-        console.print(f"    {escape(f.message)}")
-        console.print(f"    [green]fix:[/] {escape(f.fix)}")
-    console.print(escape(_summary(findings)))
-
-
-# -- JSON --------------------------------------------------------------------------------------------
-def doctor_document(result_or_findings: DiagnosisResult | Sequence[Finding] | dict[str, Any],
-                    environment: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``ampkit.doctor/1`` document for a result, a list of findings, or a finished document."""
-    from ampkit.diagnose.environment import collect_environment
-
-    if isinstance(result_or_findings, DiagnosisResult):
-        return result_or_findings.to_json(environment)
-    if isinstance(result_or_findings, dict):
-        doc = dict(result_or_findings)
-        doc.setdefault("schema", SCHEMA)
-        if environment is not None or "environment" not in doc:
-            doc["environment"] = environment if environment is not None else collect_environment()
-        return jsonable(doc)
-    findings = sort_findings(list(result_or_findings))
-    return jsonable({"schema": SCHEMA, "findings": [f.to_dict() for f in findings],
-                     "environment": environment if environment is not None else collect_environment()})
-
-
-def write_json(path: str | os.PathLike[str], result_or_findings: DiagnosisResult | Sequence[Finding] | dict[str, Any],
-               environment: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write the ``ampkit.doctor/1`` JSON atomically; returns the document written."""
-    doc = doctor_document(result_or_findings, environment)
-    atomic_write_bytes(path, (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode())
-    return doc
-
-
-# -- HTML --------------------------------------------------------------------------------------------
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#222}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
@@ -193,8 +101,8 @@ def _headroom_svg(rows: dict[str, dict[str, tuple[float, float]]], fmt: str) -> 
 
 
 def _finding_html(f: Finding) -> str:
-    evidence = _esc(json.dumps(jsonable(f.evidence), indent=2, allow_nan=False))
-    where = _esc(_where(f))
+    evidence = _esc(json.dumps(to_json(f.evidence, NONFINITE_AS_STRING), indent=2, allow_nan=False))
+    where = _esc(finding_where(f))
     return (f'<div class="finding {_esc(f.severity)}"><span class="badge {_esc(f.severity)}">{_esc(f.severity.upper())}'
             f'</span><span class="code">{_esc(f.code)}</span> <span class="where">{where}</span>'
             f"<div>{_esc(f.message)}</div><div class=\"fix\"><b>fix:</b> {_esc(f.fix)}</div>"
@@ -265,7 +173,7 @@ def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[s
             charts.append(f"<details{opened}><summary>{_esc(fmt)} (max {fr.max:g}, smallest normal "
                           f"{fr.min_normal:g}; log2 bits, below 0 = out of range)</summary>"
                           f"{_headroom_svg(rows, fmt)}</details>")
-    env_html = f"<h2>Environment</h2><pre>{_esc(json.dumps(jsonable(env), indent=2, allow_nan=False))}</pre>" if env else ""
+    env_html = f"<h2>Environment</h2><pre>{_esc(json.dumps(to_json(env, NONFINITE_AS_STRING), indent=2, allow_nan=False))}</pre>" if env else ""
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>ampkit doctor report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(head)}{''.join(body)}"
             f"{_sqnr_table(result.comparison)}{''.join(charts)}{env_html}</body></html>\n")

@@ -18,51 +18,25 @@ or non-finite parameters are NONFINITE_INPUT.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ampkit.diagnose.stats import FORMATS, tensor_stats
-from ampkit.diagnose.trace import CAST_OPS, OpError, OpRecord, TraceLog
-from ampkit.findings import SEVERITY_ORDER, Finding, Severity
+from ampkit.diagnose.core.display import display_location, display_module, keep_fp32_fix
+from ampkit.diagnose.core.stats import FORMATS, tensor_stats
+from ampkit.diagnose.step.trace import CAST_OPS, OpError, OpRecord, TraceLog
+from ampkit.findings import Finding, Severity
 
 __all__ = [
     "Producer",
-    "display_location",
-    "display_module",
     "error_finding",
     "find_producer",
     "input_findings",
     "producer_finding",
-    "sort_findings",
 ]
 
 _DTYPE_BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8}
-
-
-def sort_findings(findings: list[Finding]) -> list[Finding]:
-    """Worst first: errors, then warnings, then info; stable within a severity."""
-    return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])
-
-
-def display_location(location: str | None) -> str | None:
-    """``file:line`` relative to the working directory when the file lies under it."""
-    if location is None:
-        return None
-    path, _, line = location.rpartition(":")
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return location
-    return f"{rel}:{line}" if not rel.startswith("..") else location
-
-
-def display_module(module: str | None) -> str:
-    if module is None:
-        return "code outside the model"
-    return "the model's own forward" if module == "" else module
 
 
 @dataclass(frozen=True)
@@ -120,13 +94,6 @@ def _fmt_max(dtype: str | None) -> str:
         dtype or "", ""
     )
     return f" ({name} tops out at {FORMATS[name].max:g})" if name else ""
-
-
-def keep_fp32_fix(module: str | None, why: str) -> str:
-    if module is None or module == "":
-        return why
-    return (f"Keep {module!r} in fp32: MixedPrecision(..., keep_fp32=[{module!r}]) "
-            f"(or ampkit.keep_fp32(model.get_submodule({module!r})) in a hand-written loop). {why}")
 
 
 def producer_finding(p: Producer, *, step_nonfinite: bool, step: int | None, module_type: str | None,

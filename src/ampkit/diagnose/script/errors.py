@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ampkit.diagnose.observers_base import CodeFilter
-from ampkit.diagnose.observers_scaler import _ORDER_FIXES
+from ampkit.diagnose.script.patches import CodeFilter
+from ampkit.diagnose.script.watchers.scaler import _ORDER_FIXES
 from ampkit.findings import Finding
 
 __all__ = ["explain_exception"]

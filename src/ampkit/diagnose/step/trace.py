@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ampkit.diagnose.modules import ModuleRecorder
+from ampkit.diagnose.core.modules import ModuleRecorder
 
 __all__ = ["CAST_OPS", "OpError", "OpRecord", "OpTracer", "SlotInfo", "TraceLog", "UserFrames"]
 
@@ -338,7 +338,7 @@ class OpTracer(TorchDispatchMode):
 
 @dataclass
 class TraceLog:
-    """The records of one traced run, ready for ``ampkit.diagnose.events``."""
+    """The records of one traced run, ready for ``ampkit.diagnose.step.events``."""
 
     records: list[OpRecord]
     slots: list[SlotInfo]

@@ -5,7 +5,7 @@ Algorithm (each run happens on a private deep copy, with the same RNG state):
 1. **FP32 shadow** (``shadow=True``): the step on an fp32 copy with autocast disabled at its
    root; every module output and parameter gradient is kept as the reference.
 2. **Traced low-precision run**: the step exactly as the caller runs it, under the op tracer
-   (``ampkit.diagnose.trace``), comparing each module output with the reference on the fly.
+   (``ampkit.diagnose.step.trace``), comparing each module output with the reference on the fly.
 3. **Findings**: an op that raised (DTYPE_MISMATCH / CAST_OVERFLOW); NaN in the data or
    non-finite parameters (NONFINITE_INPUT); the forward producer of the first non-finite value
    (FORWARD_OVERFLOW, FORWARD_NAN, CAST_OVERFLOW, NORM_STATS_NONFINITE); running statistics
@@ -14,7 +14,7 @@ Algorithm (each run happens on a private deep copy, with the same RNG state):
    loss scaling (info), one that stays is an error; the loss dtype (LOSS_IN_LOW_PRECISION);
    for a finite step, PRECISION_LOSS and GRADIENT_UNDERFLOW from the shadow comparison.
 4. **Bisection** (``bisect=True``) when a module kept in fp32 could fix the step
-   (``ampkit.diagnose.bisect``), verified by a final run with the proposed ``keep_fp32``.
+   (``ampkit.diagnose.step.bisect``), verified by a final run with the proposed ``keep_fp32``.
 
 Cost: shadow + traced run ≈ 3–6 plain steps; a backward overflow at scale > 1 adds one traced
 run; bisection adds one run per trial (bounded).  The user's model, its gradients and the
@@ -26,88 +26,35 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from ampkit.diagnose import compare
-from ampkit.diagnose._jsonable import jsonable
-from ampkit.diagnose.events import (
+from ampkit.diagnose.core.display import display_location, display_module, keep_fp32_fix, sort_findings
+from ampkit.diagnose.core.stats import (
+    FORMATS,
+    finalize_ranges,
+    format_name,
+    headroom,
+    merge_ranges,
+    pending_range,
+)
+from ampkit.diagnose.step import compare
+from ampkit.diagnose.step.events import (
     Producer,
-    display_location,
-    display_module,
     error_finding,
     find_producer,
     input_findings,
-    keep_fp32_fix,
     producer_finding,
-    sort_findings,
 )
-from ampkit.diagnose.programs import LossProgram, StepProgram
-from ampkit.diagnose.session import RunResult, Session
-from ampkit.diagnose.stats import FORMATS, finalize_ranges, format_name, headroom, merge_ranges, pending_range
+from ampkit.diagnose.step.programs import LossProgram, StepProgram
+from ampkit.diagnose.step.result import DiagnosisResult, Headroom
+from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.findings import Finding, Severity
 from ampkit.precision import Precision
 
-__all__ = ["SCHEMA", "DiagnosisResult", "diagnose_program", "diagnose_step"]
-
-SCHEMA = "ampkit.doctor/1"
-
-Headroom = dict[str, dict[str, tuple[float, float]]]
-
-
-@dataclass
-class DiagnosisResult:
-    """What ``diagnose_step`` found; ``to_json()`` gives the ``ampkit.doctor/1`` document."""
-
-    findings: list[Finding]
-    """Sorted worst first."""
-    module_headroom: Headroom = field(default_factory=dict)
-    """Module -> format -> (bits to overflow, bits to underflow) in the forward: overflow against the
-    largest magnitude computed anywhere inside the module (every op's output, sub-modules
-    included: an intermediate like x*x overflows even when the module's output is small);
-    underflow against the smallest non-zero magnitude of its outputs.  Measured on the fp32
-    reference when there is one (true values, not values already clipped to inf), else on the
-    low-precision run."""
-    grad_headroom: Headroom = field(default_factory=dict)
-    """The same for the backward (unscaled): overflow against the largest gradient computed in the
-    module's backward ops, underflow against its parameters' smallest non-zero gradient."""
-    keep_fp32: list[str] | None = None
-    """The verified minimal set of modules to keep in fp32 (None when none was needed or found)."""
-    precision: str = ""
-    step: int | None = None
-    loss: float | None = None
-    loss_fp32: float | None = None
-    comparison: dict[str, Any] = field(default_factory=dict)
-    """Per-module output/gradient SQNR (dB) and gradient underflow fractions."""
-    bisection: dict[str, Any] | None = None
-    environment: dict[str, Any] | None = None
-
-    @property
-    def has_errors(self) -> bool:
-        return any(f.severity == "error" for f in self.findings)
-
-    def to_json(self, environment: dict[str, Any] | None = None) -> dict[str, Any]:
-        from ampkit.diagnose.environment import collect_environment
-
-        env = environment or self.environment or collect_environment()
-        return jsonable({
-            "schema": SCHEMA,
-            "findings": [f.to_dict() for f in self.findings],
-            "environment": env,
-            "precision": self.precision,
-            "step": self.step,
-            "keep_fp32": self.keep_fp32,
-            "loss": self.loss,
-            "loss_fp32": self.loss_fp32,
-            "module_headroom": {m: {k: list(v) for k, v in d.items()} for m, d in self.module_headroom.items()},
-            "grad_headroom": {m: {k: list(v) for k, v in d.items()} for m, d in self.grad_headroom.items()},
-            "comparison": self.comparison,
-            "bisection": self.bisection,
-        })
-
+__all__ = ["diagnose_program", "diagnose_step"]
 
 def diagnose_step(
     model: nn.Module,
@@ -395,7 +342,7 @@ class _Diagnosis:
     # -- bisection -------------------------------------------------------------------------------
     def _bisect(self, result: DiagnosisResult, lp: RunResult, fixable: list[Finding],
                 out_sqnr: dict[str, float]) -> None:
-        from ampkit.diagnose.bisect import Objective, bisect_keep_fp32, rank_candidates
+        from ampkit.diagnose.step.bisect import Objective, bisect_keep_fp32, rank_candidates
 
         sqnr_modules = [f.module for f in fixable if f.code == "PRECISION_LOSS" and f.module is not None]
         sqnr_modules += [m for m in self._sqnr_targets if m not in sqnr_modules]

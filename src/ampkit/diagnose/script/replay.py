@@ -16,10 +16,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ampkit.diagnose.api import DiagnosisResult, diagnose_program
-from ampkit.diagnose.observers_model import Capture
-from ampkit.diagnose.programs import OutputGradProgram
-from ampkit.diagnose.session import RngSnapshot, Session
+from ampkit.diagnose.script.watchers.model import Capture
+from ampkit.diagnose.step.api import diagnose_program
+from ampkit.diagnose.step.programs import OutputGradProgram
+from ampkit.diagnose.step.result import DiagnosisResult
+from ampkit.diagnose.step.session import RngSnapshot, Session
 from ampkit.precision import Precision
 
 __all__ = ["replay_capture", "replay_precision"]

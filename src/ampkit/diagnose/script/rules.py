@@ -1,6 +1,6 @@
 """End-of-run rules over what the observers saw: SCALE_COLLAPSE (with its cause),
 SCHEDULER_STEPPED_ON_SKIP, AUTOCAST_INACTIVE, SCALER_WITH_BF16, NORM_STATS_NONFINITE and
-SLOW_LOW_PRECISION (measured on this machine by ``ampkit.diagnose.perf``)."""
+SLOW_LOW_PRECISION (measured on this machine by ``ampkit.diagnose.core.perf``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ampkit.diagnose.observers_amp import dtype_name
-from ampkit.diagnose.perf import low_precision_speed
+from ampkit.diagnose.core.perf import low_precision_speed
+from ampkit.diagnose.script.watchers.autocast import dtype_name
 from ampkit.findings import Finding
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.observers import Context
-    from ampkit.diagnose.observers_scaler import ScalerInfo
+    from ampkit.diagnose.script.context import Context
+    from ampkit.diagnose.script.watchers.scaler import ScalerInfo
 
 __all__ = ["COLLAPSE_STEADY_FRACTION", "finalize", "slow_low_precision"]
 COLLAPSE_STEADY_FRACTION = 0.5

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ampkit.diagnose.modules import float_tensors
+from ampkit.diagnose.core.modules import float_tensors
 
 __all__ = ["ForwardOut", "LossProgram", "OutputGradProgram", "StepProgram"]
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.observers_amp import AutocastWatch, BackwardWatch, OptimWatch
-from ampkit.diagnose.observers_base import CodeFilter, Ledger, PatchSet, Pending
-from ampkit.diagnose.observers_io import CheckpointWatch
-from ampkit.diagnose.observers_model import Capture, ModelWatch
-from ampkit.diagnose.observers_scaler import ScalerWatch
+from ampkit.diagnose.script.patches import CodeFilter, Ledger, PatchSet, Pending
+from ampkit.diagnose.script.watchers.autocast import AutocastWatch, BackwardWatch, OptimWatch
+from ampkit.diagnose.script.watchers.io import CheckpointWatch
+from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
+from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 
 __all__ = ["Context", "Failure", "Sampler"]
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ampkit.diagnose.observers_base import PatchSet
+from ampkit.diagnose.script.patches import PatchSet
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.observers import Context
+    from ampkit.diagnose.script.context import Context
 
 __all__ = ["CheckpointWatch", "checkpoint_contents"]
 

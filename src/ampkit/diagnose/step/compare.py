@@ -1,7 +1,7 @@
 """The FP32 shadow: per-module SQNR of outputs and parameter gradients, and gradient underflow.
 
 The reference is a deep copy of the model in fp32 that runs the same batch with the same RNG
-state (see ``ampkit.diagnose.session``).  For a module output ``x`` and its fp32 reference
+state (see ``ampkit.diagnose.step.session``).  For a module output ``x`` and its fp32 reference
 ``r``::
 
     SQNR(x) = 10 · log10(‖r‖² / ‖r − x‖²)   dB, reduced in float64 (float32 on mps)
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.events import display_module
-from ampkit.diagnose.modules import reduction_dtype
+from ampkit.diagnose.core.display import display_module
+from ampkit.diagnose.core.modules import reduction_dtype
 from ampkit.findings import Finding
 
 __all__ = [

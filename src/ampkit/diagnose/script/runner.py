@@ -3,7 +3,7 @@
 The script runs as ``__main__`` the way ``coverage run`` runs it: ``runpy.run_path`` with
 ``sys.argv = [SCRIPT, *ARGS]`` and ``sys.path[0]`` set to the script's folder (``-m``:
 ``runpy.run_module`` with ``sys.path[0]`` the working directory).  Before it starts, the
-observers (``ampkit.diagnose.observers``) wrap autocast, GradScaler, backward, optimizers, LR
+observers (``ampkit.diagnose.script.context``) wrap autocast, GradScaler, backward, optimizers, LR
 schedulers, gradient clipping and ``torch.save``/``torch.load``, and hook the models the script
 calls; afterwards everything is restored, also when the script crashed.
 
@@ -33,14 +33,14 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.api import SCHEMA, DiagnosisResult
-from ampkit.diagnose.events import sort_findings
-from ampkit.diagnose.observers import Context, Failure, Sampler
-from ampkit.diagnose.observers_base import CodeFilter, PatchSet
-from ampkit.diagnose.observers_model import Capture
-from ampkit.diagnose.observers_rules import finalize
-from ampkit.diagnose.script_errors import explain_exception
-from ampkit.diagnose.script_replay import replay_capture, replay_precision
+from ampkit.diagnose.core.display import sort_findings
+from ampkit.diagnose.script.context import Context, Failure, Sampler
+from ampkit.diagnose.script.errors import explain_exception
+from ampkit.diagnose.script.patches import CodeFilter, PatchSet
+from ampkit.diagnose.script.replay import replay_capture, replay_precision
+from ampkit.diagnose.script.rules import finalize
+from ampkit.diagnose.script.watchers.model import Capture
+from ampkit.diagnose.step.result import SCHEMA, DiagnosisResult
 from ampkit.findings import Finding
 
 __all__ = ["ScriptReport", "merge_findings", "run_script"]

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ampkit._util.jsonfloat import NONFINITE_AS_STRING, to_json
+
 __all__ = [
     "FORMATS",
     "FormatRange",
@@ -110,16 +112,15 @@ class TensorStats:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (non-finite floats become the strings ``"inf"``, ``"-inf"``, ``"nan"``)."""
-        from ampkit.diagnose._jsonable import jsonable
-
-        return jsonable(
+        return to_json(
             {
                 "dtype": self.dtype, "numel": self.numel, "absmax": self.absmax,
                 "min_nonzero_abs": self.min_nonzero_abs, "nan": self.nan, "posinf": self.posinf,
                 "neginf": self.neginf, "zero_frac": self.zero_frac,
                 "subnormal_frac": dict(self.subnormal_frac),
                 "headroom_bits": {k: list(v) for k, v in self.headroom_bits.items()},
-            }
+            },
+            NONFINITE_AS_STRING,
         )
 
 
@@ -194,18 +195,6 @@ def finalize_ranges(items: list[torch.Tensor]) -> list[tuple[float, float]]:
         return []
     rows = torch.stack([r.to(items[0].device) for r in items]).cpu().tolist()
     return [(float(a), float(b)) for a, b in rows]
-
-
-def merge_pending(items: list[PendingStats]) -> PendingStats:
-    """Statistics of the union of several tensors (e.g. all outputs of a module), still on device."""
-    if len(items) == 1:
-        return items[0]
-    counts = torch.stack([p.counts for p in items]).sum(0)
-    acc = torch.float64 if any(p.values.dtype == torch.float64 for p in items) else torch.float32
-    vals = torch.stack([p.values.to(acc) for p in items])
-    values = torch.stack([vals[:, 0].amax(), vals[:, 1].amin()])
-    dtypes = sorted({p.dtype for p in items})
-    return PendingStats(dtype="|".join(dtypes), numel=sum(p.numel for p in items), counts=counts, values=values)
 
 
 def finalize_many(items: list[PendingStats]) -> list[TensorStats]:
