@@ -49,21 +49,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
 
+from ampkit._util.autograd import sole_cast_consumers
+from ampkit._util.host import HostCopy
 from ampkit.diagnose.core.display import display_module, sort_findings
 from ampkit.diagnose.core.modules import float_tensors
 from ampkit.findings import Finding
-from ampkit.hooks import EngineHook, StepResult
+from ampkit.hooks import EngineHook, HookEvent, StepResult
 
 if TYPE_CHECKING:
     from ampkit.diagnose.step.result import DiagnosisResult
-    from ampkit.engine import MixedPrecision
+    from ampkit.engine import MixedPrecision as Engine
 
 __all__ = ["ReplayDoctor"]
 
@@ -93,23 +97,23 @@ class _StepCapture:
     scale: float | torch.Tensor
     grad_accumulation: int
     has_found_inf: bool = False
-    flag: torch.Tensor | None = None
-    event: Any = None
+    flag: HostCopy | None = None
 
 
 class ReplayDoctor(EngineHook):
     """Capture every step cheaply; replay a failing one fully instrumented (see the module docstring).
 
     Args:
-        engine: the ``MixedPrecision`` engine (it constructs the doctor with ``doctor=True``).
+        engine: optional, positional only: attach at once (``on_attach``).  The usual form is
+            ``MixedPrecision(..., hooks=[ReplayDoctor(max_replays=...)])``, which attaches it.
         max_replays: automatic replays per engine (explicit ``replay()`` calls are not counted).
         shadow, bisect: passed to the diagnosis (FP32 shadow comparison, keep-fp32 bisection).
         keep_last: keep the last healthy step's capture for ``replay()`` (see "Memory" above).
     """
 
-    def __init__(self, engine: MixedPrecision, *, max_replays: int = 3, shadow: bool = True,
+    def __init__(self, engine: Engine | None = None, /, *, max_replays: int = 3, shadow: bool = True,
                  bisect: bool = True, keep_last: bool = True) -> None:
-        self.engine = engine
+        self.engine: Engine | None = None
         self.keep_last = keep_last
         self.max_replays = max_replays
         self.shadow = shadow
@@ -129,14 +133,31 @@ class ReplayDoctor(EngineHook):
         self._loss_reported = False
         self._warned_unprepared = False
         self._out_nodes: dict[Any, tuple[_Call, int]] = {}
+        if engine is not None:
+            self.on_attach(engine)
+
+    # -- engine hooks ------------------------------------------------------------------------
+    @override
+    def on_attach(self, engine: Engine) -> None:
+        """Bind to ``engine`` and hook the models it has already prepared."""
+        if self.engine is not None and self.engine is not engine:
+            raise ValueError("this ReplayDoctor is already attached to another engine; build one per engine")
+        self.engine = engine
         for model in engine.models:
             self._hook(model)
 
-    # -- engine hooks ------------------------------------------------------------------------
-    def on_prepare(self, engine: MixedPrecision, model: nn.Module) -> None:
+    @override
+    def on_prepare(self, engine: Engine, model: nn.Module) -> None:
         self._hook(model)
 
-    def on_backward(self, engine: MixedPrecision, loss: torch.Tensor) -> None:
+    @override
+    def on_event(self, engine: Engine, event: HookEvent) -> None:
+        """``kind="replay"`` (a telemetry alarm): replay the last step with ``reason=event.reason``."""
+        if event.kind == "replay":
+            self.replay(reason=event.reason or "manual")
+
+    @override
+    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
         if self._replaying:
             return
         if not self._hooked and not self._warned_unprepared:
@@ -147,8 +168,8 @@ class ReplayDoctor(EngineHook):
         if self._out_nodes and loss.grad_fn is not None:
             self._hook_casts(loss.grad_fn)
 
-    def after_step(self, engine: MixedPrecision, result: StepResult,
-                   optimizers: Any) -> None:
+    @override
+    def after_step(self, engine: Engine, result: StepResult, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         if self._replaying:
             return
         cap = _StepCapture(step=result.optimizer_step, calls=self._calls, losses=self._losses,
@@ -171,14 +192,14 @@ class ReplayDoctor(EngineHook):
             # Free: CPU kernels have already run, so reading the flag waits for nothing.
             self._decide(cap, flag.tolist())
             return
-        # Queue the copy behind the step's kernels; an event says when it has landed.
-        host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=flag.device.type == "cuda")
-        host.copy_(flag, non_blocking=True)
-        cap.flag = host
-        cap.event = torch.Event(device=flag.device)
-        cap.event.record()
+        cap.flag = HostCopy(flag)  # queued behind the step's kernels; read once it has landed
         self._pending.append(cap)
         self._poll()
+
+    def _bound(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("ReplayDoctor is not attached to an engine: pass it in MixedPrecision(..., hooks=[...])")
+        return self.engine
 
     # -- capture hooks ---------------------------------------------------------------------------
     def _hook(self, model: nn.Module) -> None:
@@ -189,6 +210,7 @@ class ReplayDoctor(EngineHook):
             model.register_forward_hook(self._post_hook, with_kwargs=True),
         ]
 
+    @override
     def close(self) -> None:
         """Remove the capture hooks from every model."""
         for handles in self._hooked.values():
@@ -201,7 +223,7 @@ class ReplayDoctor(EngineHook):
             return
         if self._pending:
             self._poll()
-        dev = self.engine.device
+        dev = self._bound().device
         accel = torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
         self._calls.append(_Call(
             model=module, args=args, kwargs=kwargs, rng_cpu=torch.get_rng_state(), rng_accel=accel,
@@ -220,37 +242,17 @@ class ReplayDoctor(EngineHook):
             if t.grad_fn is not None:
                 self._out_nodes[t.grad_fn] = (call, i)
 
-    def _hook_casts(self, root: Any, limit: int = 64) -> None:
-        """Pre-hook the cast nodes that consume a captured output (see the module docstring).
-
-        The gradient arriving at a cast is the output's whole gradient only when that cast is
-        its sole consumer, so nothing is hooked unless the walk saw the entire loss-side graph.
-        """
-        seen, queue = {root}, [root]
-        consumers: dict[Any, list[Any]] = {}
-        while queue:
-            if len(seen) > limit:
-                return  # a large loss-side graph: keep the output's own gradient only
-            node = queue.pop(0)
-            for nxt, _ in node.next_functions:
-                if nxt is None:
-                    continue
-                if nxt in self._out_nodes:
-                    consumers.setdefault(nxt, []).append(node)
-                    continue  # never walk into the model's own graph
-                if nxt not in seen:
-                    seen.add(nxt)
-                    queue.append(nxt)
-        for out_node, nodes in consumers.items():
-            if len(nodes) == 1 and type(nodes[0]).__name__ == "ToCopyBackward0":
-                call, i = self._out_nodes[out_node]
-                nodes[0].register_prehook(_WideKeeper(call.wide, i))
+    def _hook_casts(self, root: Any) -> None:
+        """Pre-hook the casts that are a captured output's sole consumer (``ampkit._util.autograd``)."""
+        for out_node, cast in sole_cast_consumers([root], self._out_nodes).items():
+            call, i = self._out_nodes[out_node]
+            cast.register_prehook(_WideKeeper(call.wide, i))
 
     # -- deciding and replaying --------------------------------------------------------------------
     def _poll(self) -> None:
         while self._pending:
             cap = self._pending[0]
-            if cap.event is not None and not cap.event.query():
+            if cap.flag is not None and not cap.flag.ready():
                 return
             self._pending.pop(0)
             assert cap.flag is not None
@@ -304,21 +306,22 @@ class ReplayDoctor(EngineHook):
         # and grad mode outside, every program sets its own.
         clean = contextlib.ExitStack()
         clean.enter_context(torch.enable_grad())
-        clean.enter_context(torch.autocast(self.engine.device.type, enabled=False))
+        engine = self._bound()
+        clean.enter_context(torch.autocast(engine.device.type, enabled=False))
         try:
             for call in cap.calls:
                 grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
                 seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
                 program = OutputGradProgram(call.args, call.kwargs, grads if seed_finite else [],
                                             loss_scale=effective, autocast=call.autocast)
-                session = Session(call.model, program, self.engine.precision,
-                                  rng=RngSnapshot(self.engine.device, cpu=call.rng_cpu, accel=call.rng_accel))
+                session = Session(call.model, program, engine.precision,
+                                  rng=RngSnapshot(engine.device, cpu=call.rng_cpu, accel=call.rng_accel))
                 try:
-                    result = diagnose_program(call.model, program, self.engine.precision, step=cap.step,
+                    result = diagnose_program(call.model, program, engine.precision, step=cap.step,
                                               shadow=self.shadow, bisect=self.bisect, session=session)
                 finally:
                     session.close()
-                result.findings = [_with_context(f, reason, self.engine.optimizer_steps) for f in result.findings]
+                result.findings = [_with_context(f, reason, engine.optimizer_steps) for f in result.findings]
                 if not seed_finite and not any(f.severity == "error" for f in result.findings):
                     result.findings = sort_findings([_seed_finding(cap, call, scale), *result.findings])
                 self.results.append(result)

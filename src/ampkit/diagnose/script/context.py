@@ -22,7 +22,10 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.script.patches import CodeFilter, Ledger, PatchSet, Pending
+from ampkit._util.frames import UserFrames
+from ampkit._util.host import DeferredReads
+from ampkit.diagnose.script.ledger import Ledger
+from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch, BackwardWatch, OptimWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
@@ -83,11 +86,11 @@ class _Forwards:
 class Context:
     """Shared observer state.  ``install(patches)`` hooks torch; ``patches.restore()`` undoes it."""
 
-    def __init__(self, code: CodeFilter, *, on_failure: Callable[[Failure], None] | None = None,
+    def __init__(self, code: UserFrames, *, on_failure: Callable[[Failure], None] | None = None,
                  sampler: Sampler | None = None) -> None:
         self.code = code
         self.ledger = Ledger()
-        self.pending = Pending()
+        self.pending = DeferredReads()
         self.sampler = sampler or Sampler()
         self.iteration = 0
         self.on_failure = on_failure

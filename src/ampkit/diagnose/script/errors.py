@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ampkit.diagnose.script.patches import CodeFilter
+from ampkit._util.frames import UserFrames
 from ampkit.diagnose.script.watchers.scaler import _ORDER_FIXES
 from ampkit.findings import Finding
 
@@ -70,7 +70,7 @@ def _source_line(location: str | None) -> str | None:
     return text or None
 
 
-def explain_exception(exc: BaseException, code: CodeFilter, names: dict[int, str], *,
+def explain_exception(exc: BaseException, code: UserFrames, names: dict[int, str], *,
                       step: int | None = None) -> Finding | None:
     """A finding for ``exc`` when it is one of the errors mixed precision causes, else None."""
     text = str(exc)

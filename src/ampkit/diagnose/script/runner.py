@@ -33,10 +33,11 @@ from typing import Any
 
 import torch
 
+from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.display import sort_findings
 from ampkit.diagnose.script.context import Context, Failure, Sampler
 from ampkit.diagnose.script.errors import explain_exception
-from ampkit.diagnose.script.patches import CodeFilter, PatchSet
+from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.replay import replay_capture, replay_precision
 from ampkit.diagnose.script.rules import finalize
 from ampkit.diagnose.script.watchers.model import Capture
@@ -130,7 +131,7 @@ class _Runner:
             root = self.path.parent
         # Only the script's own folder: the working directory often holds a virtualenv.
         self.user_paths = [str(root)]
-        self.code = CodeFilter(self.user_paths)
+        self.code = UserFrames(self.user_paths)
         self.ctx = Context(self.code, on_failure=self._on_failure, sampler=sampler)
         self.diagnoses: list[DiagnosisResult] = []
         self.replays: list[dict[str, Any]] = []
@@ -342,7 +343,7 @@ def _exit_status(code: Any) -> int:
     return 1
 
 
-def _print_user_traceback(exc: BaseException, code: CodeFilter) -> None:
+def _print_user_traceback(exc: BaseException, code: UserFrames) -> None:
     """Print the traceback as Python would for the script: from its first user frame on."""
     tb = exc.__traceback__
     while tb is not None and not code.is_user(tb.tb_frame.f_code.co_filename):

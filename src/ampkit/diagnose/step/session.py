@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.modules import ModuleRecorder, module_of_param
 from ampkit.diagnose.step.programs import ForwardOut, StepProgram
-from ampkit.diagnose.step.trace import OpTracer, TraceLog, UserFrames
+from ampkit.diagnose.step.trace import OpTracer, TraceLog
 from ampkit.policy import keep_fp32, release_fp32
 from ampkit.precision import Precision
 

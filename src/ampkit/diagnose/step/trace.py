@@ -14,8 +14,7 @@ Attribution:
   each node is mapped, when the forward op that created it returns, to that forward op, so
   backward ops carry the module and the user line of the forward op they differentiate
   (``AccumulateGrad`` nodes map to the module owning the parameter);
-* location: the innermost Python frame that is user code (not torch, not ampkit's library
-  code, not the standard library or site-packages; ``user_paths`` always count as user code).
+* location: the innermost Python frame that is user code (``ampkit._util.frames.UserFrames``).
 
 Cost: a Python call, a pytree flatten, a short stack walk and one reduction per op. It only
 runs on a step being diagnosed, never in the training hot path.
@@ -24,10 +23,6 @@ runs on a step being diagnosed, never in the training hot path.
 from __future__ import annotations
 
 import math
-import os
-import sys
-import sysconfig
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +32,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.modules import ModuleRecorder
 
-__all__ = ["CAST_OPS", "OpError", "OpRecord", "OpTracer", "SlotInfo", "TraceLog", "UserFrames"]
+__all__ = ["CAST_OPS", "OpError", "OpRecord", "OpTracer", "SlotInfo", "TraceLog"]
 
 # Outputs that hold exactly the input's elements (possibly repeated): they share its reduction
 # (only when the dtype is unchanged, so a casting ``_to_copy`` is always reduced).
@@ -102,52 +98,6 @@ class OpError:
     in_dtypes: tuple[str, ...]
     phase: str
     message: str
-
-
-class UserFrames:
-    """Finds the innermost user frame on the Python stack (cached per file name)."""
-
-    def __init__(self, user_paths: Sequence[str] = ()) -> None:
-        from ampkit._util.version import PACKAGE_DIR
-
-        self.user_paths = tuple(os.path.abspath(p) for p in user_paths)
-        ampkit_dir = str(PACKAGE_DIR)
-        self._ampkit_dir = ampkit_dir + os.sep
-        self._ampkit_user = os.path.join(ampkit_dir, "tasks") + os.sep  # built-in task models are "user" models
-        paths = sysconfig.get_paths()
-        roots = {os.path.dirname(os.path.abspath(torch.__file__)) + os.sep}
-        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-            if paths.get(key):
-                roots.add(os.path.abspath(paths[key]) + os.sep)
-        self._library_roots = tuple(roots)
-        self._cache: dict[str, bool] = {}
-
-    def is_user(self, filename: str) -> bool:
-        cached = self._cache.get(filename)
-        if cached is None:
-            cached = self._cache[filename] = self._classify(filename)
-        return cached
-
-    def _classify(self, filename: str) -> bool:
-        if filename.startswith("<"):
-            return False
-        path = os.path.abspath(filename)
-        if self.user_paths and path.startswith(self.user_paths):
-            return True
-        if path.startswith(self._ampkit_dir):
-            return path.startswith(self._ampkit_user)
-        if path.startswith(self._library_roots):
-            return False
-        return "site-packages" not in path and "dist-packages" not in path
-
-    def location(self, depth: int = 1) -> str | None:
-        frame: Any = sys._getframe(depth)
-        while frame is not None:
-            code = frame.f_code
-            if self.is_user(code.co_filename):
-                return f"{code.co_filename}:{frame.f_lineno}"
-            frame = frame.f_back
-        return None
 
 
 def _short(func: Any) -> tuple[str, str]:

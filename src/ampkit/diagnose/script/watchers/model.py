@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ampkit._util.autograd import sole_cast_consumers
+
 __all__ = ["Capture", "ModelWatch"]
 
 _AUTOCAST_DEVICES = tuple(d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d))
@@ -314,8 +316,9 @@ class ModelWatch:
 
     # -- backward -----------------------------------------------------------------------------
     def on_backward(self, tensors: list[torch.Tensor], loss: torch.Tensor, scale: torch.Tensor | None) -> None:
-        """Attach the (unscaled) loss to this window's captures that have none, and hook the casts
-        through which ``tensors``' backward reaches their outputs to keep the pre-cast gradients."""
+        """Attach the (unscaled) loss to this window's captures that have none, and hook each cast
+        that is an output's sole consumer on the way from ``tensors``, to keep the pre-cast gradient
+        (``ampkit._util.autograd.sole_cast_consumers``)."""
         fresh = [c for c in self.captures if c.loss is None]
         if not fresh or not tensors:
             return
@@ -328,8 +331,9 @@ class ModelWatch:
                 if fn is not None:
                     targets[fn] = (c, i)
             c.grad_fns = []
-        if targets:
-            _hook_casts([t.grad_fn for t in tensors if t.grad_fn is not None], targets)
+        for out_node, cast in sole_cast_consumers([t.grad_fn for t in tensors], targets).items():
+            cap, i = targets[out_node]
+            cast.register_prehook(_PreCastSink(cap, i))
 
     def new_window(self) -> None:
         """The optimizer stepped: the captured batches belong to the past."""
@@ -356,28 +360,6 @@ class _GradSink:
 
     def __call__(self, grad: torch.Tensor) -> None:
         self.cap.grads[self.i] = grad
-
-
-def _hook_casts(starts: list[Any], targets: dict[Any, tuple[Capture, int]], budget: int = 64) -> None:
-    """Walk the loss's graph back to the captured outputs (at most ``budget`` nodes) and hook each
-    dtype cast that consumes one, to keep the gradient before it is rounded to fp16/bf16."""
-    seen: set[int] = set()
-    frontier = list(starts)
-    while frontier and budget > 0:
-        node = frontier.pop()
-        if id(node) in seen or node in targets:
-            continue
-        seen.add(id(node))
-        budget -= 1
-        for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
-            hit = targets.get(nxt)
-            if hit is not None and type(node).__name__ == "ToCopyBackward0":
-                cap, i = hit
-                node.register_prehook(_PreCastSink(cap, i))
-            elif hit is None:
-                frontier.append(nxt)
 
 
 class _PreCastSink:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-import doctor_models as dm
 import torch
 from torch import nn
 
 from ampkit.diagnose.step.api import diagnose_step
+from diagnose import doctor_models as dm
 
 MODELS = os.path.abspath(dm.__file__)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 
-import doctor_models as dm
 import torch
 from torch import nn
 
 import ampkit
 from ampkit.diagnose.step.api import diagnose_step
+from diagnose import doctor_models as dm
 
 
 def _loss_with(model: nn.Module, keep: list[str], x: torch.Tensor) -> torch.Tensor:

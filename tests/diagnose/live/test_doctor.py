@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 from torch import nn
 
 import ampkit
+from ampkit.diagnose.live import ReplayDoctor
+from ampkit.hooks import HookEvent
 
 
 def _mlp(dropout: float = 0.0) -> nn.Module:
@@ -168,3 +173,47 @@ def test_replay_keep_last_false_holds_nothing_between_healthy_steps() -> None:
     _train(model, mp, _batches(3), torch.optim.SGD(model.parameters(), lr=0.1))
     assert mp.doctor._last is None and mp.doctor._calls == []
     assert mp.doctor.replay("manual") == []
+
+
+def test_replay_seeds_the_replay_with_the_full_output_gradient(replay_seeds: list[list[Any]]) -> None:
+    model = nn.Linear(4, 3)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with mp.autocast():
+        out = model(torch.randn(2, 4))
+    loss = out.float().sum() + 2 * out.sum().float()  # the cast sees 1.0, out receives 3.0
+    mp.backward(loss)
+    mp.step(opt)
+    mp.doctor.replay()
+    (grad,) = replay_seeds[0]
+    assert torch.equal(grad.float(), torch.full((2, 3), 3.0))
+
+
+def test_replay_doctor_is_built_without_an_engine_and_attached_as_a_hook() -> None:
+    doctor = ReplayDoctor(max_replays=1, keep_last=True, shadow=False, bisect=False)
+    assert doctor.engine is None
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", hooks=[doctor])
+    mp.prepare(model)
+    doctor.on_attach(mp)  # idempotent for the same engine
+    assert doctor.engine is mp and id(model) in doctor._hooked
+    _train(model, mp, _batches(6, nan_at=3), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert doctor.replays == 1 and doctor.findings[0].code == "NONFINITE_INPUT"
+    with pytest.raises(ValueError, match="another engine"):
+        doctor.on_attach(ampkit.MixedPrecision("bf16", device="cpu"))
+
+
+def test_replay_doctor_replays_on_a_replay_event_and_close_removes_its_hooks() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    _train(model, mp, _batches(2), torch.optim.SGD(model.parameters(), lr=0.1))
+    doctor = mp.doctor
+    doctor.on_event(mp, HookEvent(kind="other", reason="ignored"))
+    assert doctor.findings == []
+    doctor.on_event(mp, HookEvent(kind="replay", reason="SCALE_COLLAPSE", step=mp.optimizer_steps))
+    assert [f.code for f in doctor.findings][:1] == ["SCALE_COLLAPSE"]
+    assert doctor.findings[0].evidence["cause"] == "not_reproduced"
+    doctor.close()
+    assert doctor._hooked == {} and not model._forward_pre_hooks and not model._forward_hooks

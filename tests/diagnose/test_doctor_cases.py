@@ -19,7 +19,7 @@ import torch
 from ampkit.cli.main import main
 from ampkit.findings import CODES
 
-CASES = Path(__file__).parent / "cases"
+CASES = Path(__file__).parents[1] / "cases"
 MANIFEST: dict[str, Any] = json.loads((CASES / "manifest.json").read_text())
 
 

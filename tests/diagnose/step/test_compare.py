@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import doctor_models as dm
 import pytest
 import torch
 from torch import nn
@@ -12,6 +11,7 @@ from torch import nn
 from ampkit.diagnose.step.api import diagnose_step
 from ampkit.diagnose.step.compare import SQNR_THRESHOLD_DB, compare_grads, sqnr_db
 from ampkit.tasks.gpt import GPT, GPTConfig
+from diagnose import doctor_models as dm
 
 
 class Cancel(nn.Module):
