@@ -28,11 +28,12 @@ from ampkit.engine import MixedPrecision
 from ampkit.findings import Finding
 from ampkit.precision import Precision
 
-__all__ = ["diagnose_task", "merge_findings"]
+__all__ = ["collapse_repeated_findings", "diagnose_task"]
 
 
-def merge_findings(findings: list[Finding]) -> list[Finding]:
-    """One finding per (code, module, op); the steps it occurred at go to ``evidence.steps``."""
+def collapse_repeated_findings(findings: list[Finding]) -> list[Finding]:
+    """The same finding seen at several steps, collapsed: one per (code, module, op), the steps it
+    occurred at in ``evidence.steps``."""
     merged: dict[tuple[str, str | None, str | None], Finding] = {}
     steps: dict[tuple[str, str | None, str | None], list[int]] = {}
     for f in findings:
@@ -91,7 +92,7 @@ def diagnose_task(task: Any, precision: str | Precision = "auto", *, steps: int 
         slow = low_precision_speed(prec)
         if slow is not None:
             findings.append(slow)
-    result.findings = merge_findings(findings)
+    result.findings = collapse_repeated_findings(findings)
     result.environment = {**collect_environment(dev), "task": getattr(task, "name", type(task).__name__),
                           "steps": steps, "seed": seed}
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ampkit.diagnose.script.context import Sampler
+from ampkit.diagnose.script.state import Sampler
 from diagnose.script.observe import observe
 
 

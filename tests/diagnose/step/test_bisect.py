@@ -69,7 +69,7 @@ def test_bisect_follows_the_overflow_when_it_moves() -> None:
 
 
 def test_bisect_fixes_precision_loss() -> None:
-    from test_compare import CancelNet
+    from diagnose.step.test_compare import CancelNet
 
     result = diagnose_step(CancelNet(), dm.bf16_run(torch.randn(16, 8)), precision="bf16")
     assert result.keep_fp32 == ["cancel"]

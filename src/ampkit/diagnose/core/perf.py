@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ampkit._speed import matmul_tflops
+from ampkit._util.dtypes import dtype_name
 from ampkit.findings import Finding
 from ampkit.precision import Precision
 
@@ -20,8 +21,6 @@ __all__ = ["SLOW_RATIO", "low_precision_speed"]
 
 SLOW_RATIO = 0.9
 """Report when the precision's matmul throughput is below this fraction of fp32's."""
-
-_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def low_precision_speed(precision: str | Precision, device: str | torch.device | None = None, *, n: int = 512,
@@ -40,8 +39,8 @@ def low_precision_speed(precision: str | Precision, device: str | torch.device |
     if ratio >= slow_ratio:
         return None
     best = max(dtypes, key=lambda d: tflops[d])
-    measured = {_NAMES[d]: round(v, 4) for d, v in tflops.items()}
-    better = _NAMES[best]
+    measured = {dtype_name(d): round(v, 4) for d, v in tflops.items()}
+    better = dtype_name(best)
     return Finding(
         code="SLOW_LOW_PRECISION", severity="warning",
         message=(f"{prec.name} matrix multiplication on {prec.device} runs at {tflops[prec.dtype]:.3g} TFLOP/s, "

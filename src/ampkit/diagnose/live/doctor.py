@@ -59,6 +59,7 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from ampkit._util.autograd import sole_cast_consumers
+from ampkit._util.dtypes import dtype_name
 from ampkit._util.host import HostCopy
 from ampkit.diagnose.core.display import display_module, sort_findings
 from ampkit.diagnose.core.modules import float_tensors
@@ -342,8 +343,9 @@ class ReplayDoctor(EngineHook):
             self._loss_reported = True
             found.append(Finding(
                 code="LOSS_IN_LOW_PRECISION", severity="warning",
-                message=(f"the loss passed to mp.backward() is {low[0]}: its value and its gradient seed are rounded "
-                         f"to {low[0]}, and scaling it keeps it in {low[0]}, where it can overflow"),
+                message=(f"the loss passed to mp.backward() is {dtype_name(low[0])}: its value and its gradient seed "
+                         f"are rounded to {dtype_name(low[0])}, and scaling it keeps it in {dtype_name(low[0])}, "
+                         "where it can overflow"),
                 fix=("Compute the loss from fp32 values: loss_fn(output.float(), target), or compute it outside the "
                      "autocast block."),
                 step=cap.step, evidence={"loss_dtype": low[0]},
@@ -388,7 +390,7 @@ def _seed_finding(cap: _StepCapture, call: _Call, scale: float) -> Finding:
             code="BACKWARD_OVERFLOW", severity="info",
             message=(f"the gradient reaching the model's outputs overflowed at loss scale {scale:g} while the loss "
                      "itself is finite: ordinary dynamic loss scaling — the step is skipped and the scale backs off"
-                     + (f"; the loss is {dtypes[0]}, so its gradient is narrow from the start" if dtypes and
+                     + (f"; the loss is {dtype_name(dtypes[0])}, so its gradient is narrow from the start" if dtypes and
                         dtypes[0] in ("float16", "bfloat16") else "")),
             fix=("Nothing to change if it happens now and then; if most steps are skipped, lower init_scale. "
                  "Computing the loss in fp32 (loss_fn(output.float(), target)) widens the range at this boundary."),
@@ -399,7 +401,7 @@ def _seed_finding(cap: _StepCapture, call: _Call, scale: float) -> Finding:
         code="FORWARD_NAN", severity="error",
         message=("the model's forward is finite, but the gradient reaching its outputs is not: the non-finite "
                  "value was produced between the model output and the loss (the loss function or the targets)"
-                 + (f"; the loss was {dtypes[0]}" if dtypes else "")),
+                 + (f"; the loss was {dtype_name(dtypes[0])}" if dtypes else "")),
         fix=("Check the targets for NaN/inf, clamp probabilities before log(), and compute the loss in fp32 "
              "(loss_fn(output.float(), target))."),
         step=cap.step, evidence={"loss_dtypes": dtypes, "model": type(call.model).__name__},

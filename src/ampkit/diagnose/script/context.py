@@ -1,7 +1,7 @@
-"""All script observers behind one ``Context``: install, observe, detect failures, restore.
+"""All script watchers behind one ``Context``: install, observe, detect failures, restore.
 
-``Context`` holds the state the observers share (the iteration counter, the findings ledger,
-the deferred reads, the sampler) and turns two signals into failures worth a replay: a step
+``Context`` builds the state the watchers share (``state.WatchState``: the iteration counter,
+the findings ledger, the deferred reads, the sampler) and turns two signals into failures worth a replay: a step
 the GradScaler skipped, and a non-finite loss.
 
 Sampling (what keeps an unproblematic script within 1.5x of its plain run time): the first
@@ -22,43 +22,20 @@ from typing import Any
 
 import torch
 
+from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
-from ampkit._util.host import DeferredReads
-from ampkit.diagnose.script.ledger import Ledger
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.watchers.autocast import AutocastWatch, BackwardWatch, OptimWatch
+from ampkit.diagnose.script.state import Sampler, WatchState
+from ampkit.diagnose.script.watchers.autocast import AutocastWatch
+from ampkit.diagnose.script.watchers.backward import BackwardWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
+from ampkit.diagnose.script.watchers.optim import OptimWatch
 from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 
-__all__ = ["Context", "Failure", "Sampler"]
+__all__ = ["Context", "Failure"]
 
 _COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
-
-
-class Sampler:
-    """Which iterations are observed densely.
-
-    >>> s = Sampler(warmup=2, period=10, after_event=3)
-    >>> [i for i in range(25) if s.dense(i)]
-    [0, 1, 10, 20]
-    >>> s.boost(13); [i for i in range(12, 18) if s.dense(i)]
-    [13, 14, 15, 16]
-    """
-
-    def __init__(self, warmup: int = 4, period: int = 32, after_event: int = 4) -> None:
-        self.warmup, self.period, self.after_event = warmup, period, after_event
-        self._boosts: list[tuple[int, int]] = []
-
-    def dense(self, it: int) -> bool:
-        return it < self.warmup or it % self.period == 0 or any(a <= it <= b for a, b in self._boosts)
-
-    def boost(self, it: int) -> None:
-        """Observe ``it`` and the ``after_event`` iterations after it densely."""
-        if self._boosts and self._boosts[-1][0] <= it <= self._boosts[-1][1] + 1:
-            self._boosts[-1] = (self._boosts[-1][0], max(self._boosts[-1][1], it + self.after_event))
-        else:
-            self._boosts.append((it, it + self.after_event))
 
 
 @dataclass
@@ -88,21 +65,17 @@ class Context:
 
     def __init__(self, code: UserFrames, *, on_failure: Callable[[Failure], None] | None = None,
                  sampler: Sampler | None = None) -> None:
-        self.code = code
-        self.ledger = Ledger()
-        self.pending = DeferredReads()
-        self.sampler = sampler or Sampler()
-        self.iteration = 0
         self.on_failure = on_failure
-        self.models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller,
-                                 user_frame=code.caller_frame)
-        self.autocast = AutocastWatch(self)
-        self.optim = OptimWatch(self)
-        self.scalers = ScalerWatch(self)
-        self.backward = BackwardWatch(self)
-        self.checkpoints = CheckpointWatch(self)
+        models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller, user_frame=code.caller_frame)
+        self.state = WatchState(frames=code, models=models, signals=self, sampler=sampler or Sampler())
+        self.autocast = AutocastWatch(self.state)
+        self.optim = OptimWatch(self.state, autocast=self.autocast)
+        self.backward = BackwardWatch(self.state)
+        self.scalers = ScalerWatch(self.state, optim=self.optim, backward=self.backward)
+        # optimizer steps and backward calls consult the scalers that guard them, and vice versa
+        self.optim.scalers = self.backward.scalers = self.scalers
+        self.checkpoints = CheckpointWatch(self.state, scalers=self.scalers)
         self.forwards = _Forwards()
-        self.loss_nonfinite: set[int] = set()
         self.skips: dict[int, str] = {}
         self.cause_of: dict[str, str] = {}
         """Cause corrections learnt from replays, applied to the other skipped steps at the end."""
@@ -113,11 +86,23 @@ class Context:
         """Iterations whose gradients were non-finite at an optimizer step no scaler guarded."""
         self.norm_bad: dict[str, tuple[int, int, bool]] = {}
         """module name -> (first iteration seen, non-finite count, seen right after a skipped step)."""
-        self.locations: dict[str, str | None] = {}
+
+    # The shared state, under the names the rules and the runner read.
+    code = property(lambda self: self.state.frames)
+    models = property(lambda self: self.state.models)
+    ledger = property(lambda self: self.state.ledger)
+    pending = property(lambda self: self.state.pending)
+    sampler = property(lambda self: self.state.sampler)
+    loss_nonfinite = property(lambda self: self.state.loss_nonfinite)
+    locations = property(lambda self: self.state.locations)
+
+    @property
+    def iteration(self) -> int:
+        return self.state.iteration
 
     @property
     def paused(self) -> bool:
-        return self.models.paused
+        return self.state.paused
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -140,7 +125,7 @@ class Context:
         patches.handle(_Remover(lambda: _drop_filter(entry)))
 
     def note_location(self, what: str, location: str | None) -> None:
-        self.locations.setdefault(what, location)
+        self.state.note_location(what, location)
 
     # -- events -----------------------------------------------------------------------------
     def _on_root_forward(self, cap: Capture) -> None:
@@ -158,7 +143,7 @@ class Context:
 
     def end_iteration(self) -> None:
         """The primary optimizer stepped (or was skipped): a new iteration begins."""
-        self.iteration += 1
+        self.state.iteration += 1
         self.models.step = self.iteration
         self.models.new_window()
         dense = self.sampler.dense(self.iteration)
@@ -240,7 +225,7 @@ class Context:
                 self.ledger.add(
                     "NONFINITE_INPUT", key=("input", model, i),
                     message=(
-                        f"input #{i} of {model} ({tuple(x.shape)}, {str(x.dtype).replace('torch.', '')}) holds "
+                        f"input #{i} of {model} ({tuple(x.shape)}, {dtype_name(x.dtype)}) holds "
                         f"NaN/inf in {len(idx)} of {rows.numel()} samples (indices {idx[:8]}"
                         f"{' ...' if len(idx) > 8 else ''}) at step {it}: the data is broken before any "
                         "low-precision op runs"

@@ -19,22 +19,12 @@ from collections.abc import Callable
 
 from torch import nn
 
+from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
-from ampkit.diagnose.script.watchers.scaler import _ORDER_FIXES
+from ampkit.diagnose.script.watchers.scaler import ORDER_FIXES
 from ampkit.findings import Finding
 
 __all__ = ["explain_exception"]
-
-_DTYPES = {
-    "half": "fp16", "c10::half": "fp16", "at::half": "fp16", "torch.float16": "fp16", "float16": "fp16",
-    "bfloat16": "bf16", "c10::bfloat16": "bf16", "at::bfloat16": "bf16", "torch.bfloat16": "bf16",
-    "float": "fp32", "torch.float32": "fp32", "float32": "fp32", "double": "fp64", "long": "int64",
-}
-
-
-def _dt(name: str) -> str:
-    return _DTYPES.get(name.strip().lower(), name.strip())
-
 
 _CAST = re.compile(r"value cannot be converted to type (?:at::|c10::)?(\w+) without overflow")
 _DTYPE_PATTERNS = [
@@ -95,7 +85,7 @@ def _cast_overflow(text: str) -> tuple[str, str, str] | None:
     m = _CAST.search(text)
     if not m:
         return None
-    dtype = _dt(m.group(1))
+    dtype = dtype_name(m.group(1).strip())
     limit = {"fp16": "65504", "bf16": "3.39e38"}.get(dtype, "its range")
     return (
         "CAST_OVERFLOW",
@@ -110,7 +100,7 @@ def _dtype_mismatch(text: str) -> tuple[str, str, str] | None:
     for pat in _DTYPE_PATTERNS:
         m = pat.search(text)
         if m:
-            a, b = _dt(m.group(1)), _dt(m.group(2))
+            a, b = dtype_name(m.group(1).strip()), dtype_name(m.group(2).strip())
             return (
                 "DTYPE_MISMATCH",
                 f"an op received a {a} and a {b} tensor: mixed precision handed it low-precision values outside "
@@ -136,7 +126,7 @@ def _fp16_grads(text: str) -> tuple[str, str, str] | None:
 
 
 def _scaler_order(text: str) -> tuple[str, str, str] | None:
-    for needle, fix in _ORDER_FIXES.items():
+    for needle, fix in ORDER_FIXES.items():
         if needle in text:
             return ("UNSCALE_ORDER_ERROR", f"GradScaler's call order was broken: {text.strip()}", fix)
     return None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.watchers.model import Capture
 from ampkit.diagnose.step.api import diagnose_program
 from ampkit.diagnose.step.programs import OutputGradProgram
@@ -25,7 +26,7 @@ from ampkit.precision import Precision
 
 __all__ = ["replay_capture", "replay_precision"]
 
-_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_LOW = (torch.float16, torch.bfloat16)
 
 
 def replay_precision(cap: Capture, intended: str | None) -> tuple[str, torch.dtype, bool] | None:
@@ -34,14 +35,14 @@ def replay_precision(cap: Capture, intended: str | None) -> tuple[str, torch.dty
     The capture's own autocast state wins; half parameters replay without autocast; an fp32
     forward replays under ``intended`` (``--precision``) when given.
     """
-    if cap.autocast_enabled and cap.autocast_dtype in _NAMES:
-        return _NAMES[cap.autocast_dtype], cap.autocast_dtype, True
-    if cap.param_dtype in _NAMES:
+    if cap.autocast_enabled and cap.autocast_dtype in _LOW:
+        return dtype_name(cap.autocast_dtype), cap.autocast_dtype, True
+    if cap.param_dtype in _LOW:
         assert cap.param_dtype is not None
-        return _NAMES[cap.param_dtype], cap.param_dtype, False
+        return dtype_name(cap.param_dtype), cap.param_dtype, False
     if intended and intended != "fp32":
         prec = Precision.parse(intended, cap.device)
-        if prec.dtype in _NAMES:
+        if prec.dtype in _LOW:
             return prec.name, prec.dtype, True
     return None
 

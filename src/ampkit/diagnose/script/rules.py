@@ -1,4 +1,4 @@
-"""End-of-run rules over what the observers saw: SCALE_COLLAPSE (with its cause),
+"""End-of-run rules over what the watchers saw: SCALE_COLLAPSE (with its cause),
 SCHEDULER_STEPPED_ON_SKIP, AUTOCAST_INACTIVE, SCALER_WITH_BF16, NORM_STATS_NONFINITE and
 SLOW_LOW_PRECISION (measured on this machine by ``ampkit.diagnose.core.perf``)."""
 
@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.perf import low_precision_speed
-from ampkit.diagnose.script.watchers.autocast import dtype_name
 from ampkit.findings import Finding
 
 if TYPE_CHECKING:

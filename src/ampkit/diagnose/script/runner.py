@@ -3,12 +3,12 @@
 The script runs as ``__main__`` the way ``coverage run`` runs it: ``runpy.run_path`` with
 ``sys.argv = [SCRIPT, *ARGS]`` and ``sys.path[0]`` set to the script's folder (``-m``:
 ``runpy.run_module`` with ``sys.path[0]`` the working directory).  Before it starts, the
-observers (``ampkit.diagnose.script.context``) wrap autocast, GradScaler, backward, optimizers, LR
+watchers (``ampkit.diagnose.script.watchers``, behind ``script.context``) wrap autocast, GradScaler, backward, optimizers, LR
 schedulers, gradient clipping and ``torch.save``/``torch.load``, and hook the models the script
 calls; afterwards everything is restored, also when the script crashed.
 
 During the run, a step that the GradScaler skips, or whose loss or gradients are non-finite,
-is replayed op by op (``script_replay``) right away, while the model still holds that step's
+is replayed op by op (``script.replay``) right away, while the model still holds that step's
 weights: the first failure of each cause (gradient overflows, usually ordinary dynamic
 scaling, at their 1st, 4th and 16th occurrence until one is an error), at most
 ``max_replays``.  When no replay found an error, one *checkup* replays the last captured step
@@ -35,16 +35,17 @@ import torch
 
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.display import sort_findings
-from ampkit.diagnose.script.context import Context, Failure, Sampler
+from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.errors import explain_exception
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.replay import replay_capture, replay_precision
 from ampkit.diagnose.script.rules import finalize
+from ampkit.diagnose.script.state import Sampler
 from ampkit.diagnose.script.watchers.model import Capture
 from ampkit.diagnose.step.result import SCHEMA, DiagnosisResult
 from ampkit.findings import Finding
 
-__all__ = ["ScriptReport", "merge_findings", "run_script"]
+__all__ = ["ScriptReport", "merge_replayed_findings", "run_script"]
 
 
 @dataclass
@@ -92,7 +93,7 @@ class ScriptReport:
         return doc
 
 
-def merge_findings(process: list[Finding], replayed: list[Finding]) -> list[Finding]:
+def merge_replayed_findings(process: list[Finding], replayed: list[Finding]) -> list[Finding]:
     """Process-level findings plus op-level ones; one finding per code and module.
 
     An op-level finding supersedes a process-level one of the same code when their modules
@@ -279,7 +280,7 @@ class _Runner:
         models = self.ctx.models
         replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
                     for d, root in zip(self.diagnoses, self._replayed_roots) for f in d.findings]
-        findings = _with_verified_fix(merge_findings(self.ctx.ledger.findings() + self.explained, replayed),
+        findings = _with_verified_fix(merge_replayed_findings(self.ctx.ledger.findings() + self.explained, replayed),
                                       self.diagnoses)
         return ScriptReport(
             script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
@@ -356,7 +357,7 @@ def run_script(
     replay: bool = True, checkup: bool = True, bisect: bool = True, max_replays: int = 3,
     sampler: Sampler | None = None, measure_speed: bool = True,
 ) -> ScriptReport:
-    """Run a training script as ``__main__`` under the doctor's observers and return the findings.
+    """Run a training script as ``__main__`` under the doctor's watchers and return the findings.
 
     Args:
         target: the script's path (or, with ``module=True``, a module name as for ``python -m``).
@@ -366,7 +367,7 @@ def run_script(
         replay: replay failing steps op by op; ``checkup``: replay one healthy step when none failed.
         bisect: search the minimal keep-fp32 set during replays.
         max_replays: at most this many op-level replays per run.
-        sampler: which iterations are observed densely (``observers.Sampler``).
+        sampler: which iterations are observed densely (``ampkit.diagnose.script.state.Sampler``).
         measure_speed: measure matmul throughput for SLOW_LOW_PRECISION (about 0.2 s once per process).
 
     Raises:

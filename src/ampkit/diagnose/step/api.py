@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_location, display_module, keep_fp32_fix, sort_findings
 from ampkit.diagnose.core.stats import (
     FORMATS,
@@ -184,9 +185,10 @@ class _Diagnosis:
         if lp.loss_dtype in ("float16", "bfloat16"):
             self.findings.append(Finding(
                 code="LOSS_IN_LOW_PRECISION", severity="warning",
-                message=(f"the loss is a {lp.loss_dtype} tensor: its value and its gradient seed are rounded to "
-                         f"{lp.loss_dtype}" + (f", and scaling it by {s.program.loss_scale:g} keeps it in "
-                                               f"{lp.loss_dtype}, where it can overflow"
+                message=(f"the loss is a {dtype_name(lp.loss_dtype)} tensor: its value and its gradient seed are "
+                         f"rounded to {dtype_name(lp.loss_dtype)}"
+                         + (f", and scaling it by {s.program.loss_scale:g} keeps it in "
+                            f"{dtype_name(lp.loss_dtype)}, where it can overflow"
                                                if s.program.loss_scale != 1.0 else "")),
                 fix=("Compute the loss from fp32 values: loss_fn(logits.float(), target), or compute it outside "
                      "the autocast block."),

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_location, display_module, keep_fp32_fix
 from ampkit.diagnose.core.stats import FORMATS, tensor_stats
 from ampkit.diagnose.step.trace import CAST_OPS, OpError, OpRecord, TraceLog
@@ -90,10 +91,8 @@ def _is_norm_op(p: Producer) -> bool:
 
 
 def _fmt_max(dtype: str | None) -> str:
-    name = {"float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}.get(
-        dtype or "", ""
-    )
-    return f" ({name} tops out at {FORMATS[name].max:g})" if name else ""
+    name = dtype_name(dtype)
+    return f" ({name} tops out at {FORMATS[name].max:g})" if name in FORMATS else ""
 
 
 def producer_finding(p: Producer, *, step_nonfinite: bool, step: int | None, module_type: str | None,
@@ -115,19 +114,19 @@ def producer_finding(p: Producer, *, step_nonfinite: bool, step: int | None, mod
            if reference_absmax is not None else "")
     if p.kind == "overflow" and _is_cast(p):
         code = "CAST_OVERFLOW"
-        message = (f"{rec.op} in {where} cast finite values (largest |x| = {p.in_absmax:.4g}) to {p.out_dtype}, "
+        message = (f"{rec.op} in {where} cast finite values (largest |x| = {p.in_absmax:.4g}) to {dtype_name(p.out_dtype)}, "
                    f"which cannot represent them: they became ±inf{_fmt_max(p.out_dtype)}.{ref}{tail}")
         fix = keep_fp32_fix(rec.module, "Values beyond the target range must stay in fp32; for additive masks use "
                             "torch.finfo(scores.dtype).min instead of an fp32 constant.")
     elif _is_norm_op(p):
         code = "NORM_STATS_NONFINITE"
         message = (f"{rec.op} in {where} produced non-finite statistics/outputs from finite inputs "
-                   f"(largest |x| = {p.in_absmax:.4g}): the variance overflowed in {p.out_dtype}.{ref}{tail}")
+                   f"(largest |x| = {p.in_absmax:.4g}): the variance overflowed in {dtype_name(p.out_dtype)}.{ref}{tail}")
         fix = keep_fp32_fix(rec.module, "Normalisation layers need fp32 statistics.")
     elif p.kind == "overflow":
         code = "FORWARD_OVERFLOW"
-        message = (f"{rec.op} in {where} overflowed: finite {'/'.join(sorted(set(p.in_dtypes)))} inputs "
-                   f"(largest |x| = {p.in_absmax:.4g}) gave ±inf in {p.out_dtype}{_fmt_max(p.out_dtype)}.{ref}{tail}")
+        message = (f"{rec.op} in {where} overflowed: finite {'/'.join(sorted({dtype_name(d) for d in p.in_dtypes}))} inputs "
+                   f"(largest |x| = {p.in_absmax:.4g}) gave ±inf in {dtype_name(p.out_dtype)}{_fmt_max(p.out_dtype)}.{ref}{tail}")
         fix = keep_fp32_fix(rec.module, "Alternatively rescale before this op (e.g. divide attention logits "
                             "by sqrt(d) before the matmul, upcast x before x*x), or use bf16, whose range is fp32's.")
     else:
@@ -166,7 +165,7 @@ def input_findings(log: TraceLog, *, step: int | None) -> list[Finding]:
             rows_txt = f" (rows {evidence['nan_rows']} of the batch)" if evidence.get("nan_rows") else ""
             out.append(Finding(
                 code="NONFINITE_INPUT", severity="error",
-                message=(f"a {info.dtype} tensor of shape {list(info.shape)} entering {rec.op} in "
+                message=(f"a {dtype_name(info.dtype)} tensor of shape {list(info.shape)} entering {rec.op} in "
                          f"{display_module(rec.module)} already holds NaN{rows_txt}: the data, not the precision, "
                          "is the cause"),
                 fix=("Filter or repair the sample(s) in the data pipeline (torch.nan_to_num, or drop rows where "
@@ -210,7 +209,7 @@ def error_finding(err: OpError, exc: BaseException, *, step: int | None) -> Find
     if mixed or any(h in text for h in _MISMATCH_HINTS):
         return Finding(
             code="DTYPE_MISMATCH", severity="error",
-            message=(f"{err.op} in {where} got mixed dtypes {sorted(set(err.in_dtypes))} and raised: {err.message}"),
+            message=(f"{err.op} in {where} got mixed dtypes {sorted({dtype_name(d) for d in err.in_dtypes})} and raised: {err.message}"),
             fix=("Run the op inside mp.autocast() so autocast casts both operands to one dtype, or cast explicitly "
                  "(x.to(weight.dtype)); a manual .half()/.bfloat16() on one tensor or module is the usual cause."),
             module=err.module, op=err.op, location=display_location(err.location), step=step, evidence=evidence,

@@ -18,7 +18,8 @@ from torch import nn
 from ampkit.diagnose.script.patches import PatchSet
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.script.context import Context
+    from ampkit.diagnose.script.state import WatchState
+    from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 
 __all__ = ["CheckpointWatch", "checkpoint_contents"]
 
@@ -63,8 +64,11 @@ class _Event:
 
 
 class CheckpointWatch:
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+    """``torch.save`` / ``torch.load``: a checkpoint without the GradScaler's state (CHECKPOINT_MISSING_SCALER)."""
+
+    def __init__(self, state: WatchState, *, scalers: ScalerWatch) -> None:
+        self.state = state
+        self.scalers = scalers
         self.saves: list[_Event] = []
         self.loads: list[_Event] = []
 
@@ -75,26 +79,26 @@ class CheckpointWatch:
     def _wrap_save(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
             out = orig(obj, *args, **kwargs)
-            self.saves.append(_Event(self.ctx.iteration, self.ctx.code.caller(), checkpoint_contents(obj)))
+            self.saves.append(_Event(self.state.iteration, self.state.frames.caller(), checkpoint_contents(obj)))
             return out
         return save
 
     def _wrap_load(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def load(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
-            self.loads.append(_Event(self.ctx.iteration, self.ctx.code.caller(), checkpoint_contents(out)))
+            self.loads.append(_Event(self.state.iteration, self.state.frames.caller(), checkpoint_contents(out)))
             return out
         return load
 
     def finalize(self) -> None:
-        scalers = self.ctx.scalers.enabled_infos()
+        scalers = self.scalers.enabled_infos()
         if not scalers:
             return
         located = scalers[0].location
         with_scaler = {e.iteration for e in self.saves if "scaler" in e.contents}
         for e in self.saves:
             if "optimizer" in e.contents and "scaler" not in e.contents and e.iteration not in with_scaler:
-                self.ctx.ledger.add(
+                self.state.ledger.add(
                     "CHECKPOINT_MISSING_SCALER", key=e.location,
                     message=(
                         f"torch.save at {e.location} writes a resumable checkpoint ({', '.join(sorted(e.contents))} "
@@ -108,7 +112,7 @@ class CheckpointWatch:
         loaded_state = any(i.state_loaded for i in scalers)
         for e in self.loads:
             if "optimizer" in e.contents and "scaler" not in e.contents:
-                self.ctx.ledger.add(
+                self.state.ledger.add(
                     "CHECKPOINT_MISSING_SCALER", key=("load", e.location),
                     message=(
                         f"the checkpoint loaded at {e.location} has optimizer state but no GradScaler state: "
@@ -118,7 +122,7 @@ class CheckpointWatch:
                     location=e.location, step=e.iteration, evidence={"contents": sorted(e.contents)},
                 )
             elif "scaler" in e.contents and not loaded_state:
-                self.ctx.ledger.add(
+                self.state.ledger.add(
                     "CHECKPOINT_MISSING_SCALER", key=("unused", e.location),
                     message=(
                         f"the checkpoint loaded at {e.location} holds GradScaler state, but "

@@ -1,4 +1,4 @@
-"""Module observers: find the user's models, capture each forward's batch and the gradient that
+"""The model watcher: find the user's models, capture each forward's batch and the gradient that
 flowed back into its output, and check normalisation statistics.
 
 Costs, per forward of a model (a *root*: a module called while no observed module is running):

@@ -1,4 +1,4 @@
-"""Observer of ``torch.amp.GradScaler`` (and ``torch.cuda.amp.GradScaler``, a subclass) and of
+"""The GradScaler watcher: ``torch.amp.GradScaler`` (and ``torch.cuda.amp.GradScaler``, a subclass) and of
 ampkit's own loss scalers: scale trajectory, skipped steps, and the order of
 scale → backward → unscale_ → clip → step → update.
 
@@ -17,17 +17,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.watchers.autocast import dtype_name
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.script.context import Context
+    from ampkit.diagnose.script.state import WatchState
+    from ampkit.diagnose.script.watchers.backward import BackwardWatch
+    from ampkit.diagnose.script.watchers.optim import OptimWatch
 
-__all__ = ["ScaledSource", "ScalerInfo", "ScalerWatch"]
+__all__ = ["ORDER_FIXES", "ScaledSource", "ScalerInfo", "ScalerWatch"]
 
 _LOW = (torch.float16, torch.bfloat16)
 
-_ORDER_FIXES = {
+ORDER_FIXES = {
     "unscale_() has already been called": (
         "call scaler.unscale_(optimizer) once per optimizer step, after the last backward of the "
         "accumulation window and before clipping; do not unscale again in logging code"
@@ -80,8 +82,12 @@ class ScalerInfo:
 
 
 class ScalerWatch:
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+    """GradScaler (torch's and ampkit's): scaling, unscale/step/update order, clipping, skipped steps."""
+
+    def __init__(self, state: WatchState, *, optim: OptimWatch, backward: BackwardWatch) -> None:
+        self.state = state
+        self.optim = optim
+        self.backward = backward
         self.scalers: weakref.WeakKeyDictionary[Any, ScalerInfo] = weakref.WeakKeyDictionary()
         self.infos: list[ScalerInfo] = []
         self.in_step = 0
@@ -131,10 +137,10 @@ class ScalerWatch:
     # -- wrappers -----------------------------------------------------------------------------
     def _wrap_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(sc: Any, *args: Any, **kwargs: Any) -> None:
-            self.ctx.code.call(orig, sc, *args, **kwargs)
+            self.state.frames.call(orig, sc, *args, **kwargs)
             requested = kwargs.get("enabled", args[5] if len(args) > 5 else True)
             self._new_info(sc, ScalerInfo(
-                location=self.ctx.code.caller(), device=str(sc._device), requested=bool(requested),
+                location=self.state.frames.caller(), device=str(sc._device), requested=bool(requested),
                 enabled=bool(sc._enabled), init_scale=float(kwargs.get("init_scale", args[1] if len(args) > 1
                                                                        else 2.0**16)),
             ))
@@ -166,7 +172,7 @@ class ScalerWatch:
             if enabled:
                 info.used += 1
                 self._check_scaled(outputs, out, scale_t)
-                lows = {c.low_precision for c in self.ctx.models.captures if c.loss is None}
+                lows = {c.low_precision for c in self.state.models.captures if c.loss is None}
                 info.saw_bf16 |= torch.bfloat16 in lows
                 info.saw_fp16 |= torch.float16 in lows
             return out
@@ -192,17 +198,17 @@ class ScalerWatch:
         outs, _ = tree_flatten(out)
         for a, b in zip(ins, outs):
             if isinstance(a, torch.Tensor) and a.dtype in _LOW:
-                ctx, it = self.ctx, self.ctx.iteration
-                location = ctx.code.caller()
+                it = self.state.iteration
+                location = self.state.frames.caller()
                 overflow = (~torch.isfinite(b.detach())).any() & torch.isfinite(a.detach()).all()
                 if scale is not None:
                     overflow = overflow | (scale > torch.finfo(a.dtype).max)
 
-                def judge(v: float, a_dtype: torch.dtype = a.dtype, it: int = it, location: str | None = location,
-                          ctx: Context = ctx) -> None:
+                def judge(v: float, a_dtype: torch.dtype = a.dtype, it: int = it,
+                          location: str | None = location) -> None:
                     if v > 0:
                         self.scaled_overflow.add(it)
-                        ctx.ledger.add(
+                        self.state.ledger.add(
                             "LOSS_IN_LOW_PRECISION", key=location, severity="error",
                             message=(
                                 f"the loss is a {dtype_name(a_dtype)} tensor, and scaling it overflowed "
@@ -214,19 +220,19 @@ class ScalerWatch:
                                 "loss × scale stays finite",
                             location=location, step=it, evidence={"loss_dtype": dtype_name(a_dtype)},
                         )
-                ctx.pending.read(overflow, judge)
+                self.state.pending.read(overflow, judge)
 
     def _explain_order(self, exc: BaseException, location: str | None) -> None:
         text = str(exc)
-        if "No inf checks were recorded prior" in text and self.direct_steps and self.ctx.ledger.has(
+        if "No inf checks were recorded prior" in text and self.direct_steps and self.state.ledger.has(
                 "UNSCALE_ORDER_ERROR"):
             exc._ampkit_explained = True  # type: ignore[attr-defined]
             return  # the consequence of the optimizer.step() that bypassed the scaler, already reported
-        for needle, fix in _ORDER_FIXES.items():
+        for needle, fix in ORDER_FIXES.items():
             if needle in text:
                 code = "UNSCALE_ORDER_ERROR"
                 message = f"GradScaler raised {type(exc).__name__}: {text}"
-                if (needle.startswith("No inf checks were recorded prior") and self.ctx.backward.since_update
+                if (needle.startswith("No inf checks were recorded prior") and self.backward.since_update
                         and not self.direct_steps):
                     code = "ACCUMULATION_SCALE_CHANGE"
                     message = (
@@ -237,8 +243,8 @@ class ScalerWatch:
                     fix = ("move scaler.update() into the accumulation boundary block, right after "
                            "scaler.step(optimizer): `if (i + 1) % accum == 0: scaler.step(opt); scaler.update(); "
                            "opt.zero_grad()`")
-                self.ctx.ledger.add(code, key=location, message=message, fix=fix, location=location,
-                                    step=self.ctx.iteration, evidence={"exception": text})
+                self.state.ledger.add(code, key=location, message=message, fix=fix, location=location,
+                                    step=self.state.iteration, evidence={"exception": text})
                 exc._ampkit_explained = True  # type: ignore[attr-defined]
                 return
 
@@ -247,7 +253,7 @@ class ScalerWatch:
             try:
                 out = orig(sc, optimizer)
             except (RuntimeError, AssertionError) as exc:
-                self._explain_order(exc, self.ctx.code.caller())
+                self._explain_order(exc, self.state.frames.caller())
                 raise
             if sc._enabled:
                 self.info(sc).unscaled_since_update = True
@@ -256,16 +262,15 @@ class ScalerWatch:
 
     def _wrap_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def step(sc: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            ctx = self.ctx
             self.in_step += 1
             try:
                 out = orig(sc, optimizer, *args, **kwargs)
             except (RuntimeError, AssertionError) as exc:
-                self._explain_order(exc, ctx.code.caller())
+                self._explain_order(exc, self.state.frames.caller())
                 raise
             finally:
                 self.in_step -= 1
-            primary = ctx.optim.is_primary(optimizer)
+            primary = self.optim.is_primary(optimizer)
             if sc._enabled:
                 info = self.info(sc)
                 info.stepped_since_update = True
@@ -273,25 +278,24 @@ class ScalerWatch:
                 per_dev = list(state["found_inf_per_device"].values()) if state else []
                 if per_dev:
                     found = per_dev[0] if len(per_dev) == 1 else torch.stack([f.to(per_dev[0].device) for f in per_dev]).sum()
-                    ctx.optim.info(optimizer).last_found = (found, ctx.iteration)
+                    self.optim.info(optimizer).last_found = (found, self.state.iteration)
                     # GradScaler already synced on found_inf for non-fused optimizers: reading it again is free.
-                    urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or ctx.sampler.dense(
-                        ctx.iteration)
+                    urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or self.state.sampler.dense(
+                        self.state.iteration)
                     scale_used = sc._scale.detach().clone()
-                    it = ctx.iteration
-                    ctx.on_scaler_found(found, scale_used, it, primary, urgent)
+                    it = self.state.iteration
+                    self.state.signals.on_scaler_found(found, scale_used, it, primary, urgent)
             if primary:
-                ctx.end_iteration()
+                self.state.signals.end_iteration()
             return out
         return step
 
     def _wrap_update(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def update(sc: Any, new_scale: Any = None) -> Any:
-            ctx = self.ctx
             info = self.info(sc)
             if sc._enabled and new_scale is None and not info.stepped_since_update and info.unscaled_since_update:
-                location = ctx.code.caller()
-                ctx.ledger.add(
+                location = self.state.frames.caller()
+                self.state.ledger.add(
                     "ACCUMULATION_SCALE_CHANGE", key=location,
                     message=(
                         "scaler.update() ran on a micro-batch that did not step the optimizer: the loss scale "
@@ -302,24 +306,24 @@ class ScalerWatch:
                     fix=("call scaler.unscale_/clip/scaler.step/scaler.update only at the accumulation boundary: "
                          "`if (i + 1) % accum == 0: scaler.unscale_(opt); clip...; scaler.step(opt); "
                          "scaler.update(); opt.zero_grad()`"),
-                    location=location, step=ctx.iteration,
+                    location=location, step=self.state.iteration,
                 )
             try:
                 out = orig(sc, new_scale)
             except (RuntimeError, AssertionError) as exc:
-                self._explain_order(exc, ctx.code.caller())
+                self._explain_order(exc, self.state.frames.caller())
                 raise
             if sc._enabled:
-                it = ctx.iteration
-                ctx.pending.read(sc._scale.detach().clone(), lambda v: info.scales.append((it, v)))
+                it = self.state.iteration
+                self.state.pending.read(sc._scale.detach().clone(), lambda v: info.scales.append((it, v)))
             info.stepped_since_update = info.unscaled_since_update = info.backward_scaled = False
-            ctx.backward.since_update = 0
+            self.backward.since_update = 0
             self.direct_steps = 0
             self._scaled.clear()
             return out
         return update
 
-    # -- queries from the other observers -----------------------------------------------------------
+    # -- queries from the other watchers -----------------------------------------------------------
     def scaled_source(self, t: torch.Tensor) -> ScaledSource | None:
         src = self._scaled.pop(id(t), None)
         if src is None or src.tensor is not t:
@@ -334,14 +338,14 @@ class ScalerWatch:
         scalers = [(sc, info) for sc, info in self.enabled_scalers() if info.backward_scaled]
         if not scalers:
             return
-        owners = self.ctx.optim.owners(params)
+        owners = self.optim.owners(params)
         from torch.amp.grad_scaler import OptState
 
         for sc, _info in scalers:
             states = [sc._per_optimizer_states.get(id(o)) for o in owners] or [None]
             if any(s is None or s["stage"] is OptState.READY for s in states):
-                location = self.ctx.code.caller()
-                self.ctx.ledger.add(
+                location = self.state.frames.caller()
+                self.state.ledger.add(
                     "CLIP_BEFORE_UNSCALE", key=location,
                     message=(
                         f"{fname} ran on gradients that still hold loss × scale (scaler.unscale_(optimizer) "
@@ -351,7 +355,7 @@ class ScalerWatch:
                     fix=("call scaler.unscale_(optimizer) right before clipping: `scaler.scale(loss).backward(); "
                          "scaler.unscale_(optimizer); torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm); "
                          "scaler.step(optimizer); scaler.update()`"),
-                    location=location, step=self.ctx.iteration, evidence={"function": fname},
+                    location=location, step=self.state.iteration, evidence={"function": fname},
                 )
                 return
 
@@ -360,8 +364,8 @@ class ScalerWatch:
         self.direct_steps += 1
         for _sc, info in self.enabled_scalers():
             if info.backward_scaled:
-                location = self.ctx.code.caller()
-                self.ctx.ledger.add(
+                location = self.state.frames.caller()
+                self.state.ledger.add(
                     "UNSCALE_ORDER_ERROR", key=("direct", location),
                     message=(
                         f"{type(opt).__name__}.step() was called directly while the gradients hold loss × scale: "
@@ -369,6 +373,6 @@ class ScalerWatch:
                         "check"
                     ),
                     fix="replace optimizer.step() with scaler.step(optimizer), followed by scaler.update()",
-                    location=location, step=self.ctx.iteration,
+                    location=location, step=self.state.iteration,
                 )
                 return
