@@ -61,8 +61,9 @@ from typing_extensions import override
 from ampkit._util.autograd import sole_cast_consumers
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.host import HostCopy
-from ampkit.diagnose.core.display import display_module, sort_findings
+from ampkit.diagnose.core.display import sort_findings
 from ampkit.diagnose.core.modules import float_tensors
+from ampkit.diagnose.live.findings import scale_collapse_finding, seed_finding
 from ampkit.findings import Finding
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 
@@ -289,7 +290,7 @@ class ReplayDoctor(EngineHook):
             return []
         found = self._run(cap, reason)
         if reason == "SCALE_COLLAPSE":
-            collapse = _scale_collapse(found, cap)
+            collapse = scale_collapse_finding(found, cap.step, _scale_value(cap))
             self.findings.append(collapse)
             found = sort_findings([collapse, *found])
         return found
@@ -324,7 +325,7 @@ class ReplayDoctor(EngineHook):
                     session.close()
                 result.findings = [_with_context(f, reason, engine.optimizer_steps) for f in result.findings]
                 if not seed_finite and not any(f.severity == "error" for f in result.findings):
-                    result.findings = sort_findings([_seed_finding(cap, call, scale), *result.findings])
+                    result.findings = sort_findings([seed_finding(cap.losses, call.model, cap.step, scale), *result.findings])
                 self.results.append(result)
                 found.extend(result.findings)
                 if any(f.severity == "error" for f in result.findings):
@@ -379,60 +380,6 @@ def _with_context(f: Finding, reason: str, now: int) -> Finding:
     from dataclasses import replace
 
     return replace(f, evidence={**f.evidence, "replay_reason": reason, "params_from_step": now})
-
-
-def _seed_finding(cap: _StepCapture, call: _Call, scale: float) -> Finding:
-    """The model's forward is finite but the gradient reaching its outputs is not."""
-    dtypes = sorted({str(x.dtype).replace("torch.", "") for x in cap.losses})
-    losses_finite = all(bool(torch.isfinite(x).all()) for x in cap.losses)
-    if losses_finite and scale > 1.0:
-        return Finding(
-            code="BACKWARD_OVERFLOW", severity="info",
-            message=(f"the gradient reaching the model's outputs overflowed at loss scale {scale:g} while the loss "
-                     "itself is finite: ordinary dynamic loss scaling — the step is skipped and the scale backs off"
-                     + (f"; the loss is {dtype_name(dtypes[0])}, so its gradient is narrow from the start" if dtypes and
-                        dtypes[0] in ("float16", "bfloat16") else "")),
-            fix=("Nothing to change if it happens now and then; if most steps are skipped, lower init_scale. "
-                 "Computing the loss in fp32 (loss_fn(output.float(), target)) widens the range at this boundary."),
-            step=cap.step, evidence={"loss_scale": scale, "loss_dtypes": dtypes, "phase": "backward",
-                                     "where": "model output"},
-        )
-    return Finding(
-        code="FORWARD_NAN", severity="error",
-        message=("the model's forward is finite, but the gradient reaching its outputs is not: the non-finite "
-                 "value was produced between the model output and the loss (the loss function or the targets)"
-                 + (f"; the loss was {dtype_name(dtypes[0])}" if dtypes else "")),
-        fix=("Check the targets for NaN/inf, clamp probabilities before log(), and compute the loss in fp32 "
-             "(loss_fn(output.float(), target))."),
-        step=cap.step, evidence={"loss_dtypes": dtypes, "model": type(call.model).__name__},
-    )
-
-
-def _scale_collapse(found: list[Finding], cap: _StepCapture) -> Finding:
-    codes = {f.code for f in found if f.severity == "error"}
-    infos = {f.code for f in found if f.severity == "info"}
-    if "NONFINITE_INPUT" in codes:
-        cause, detail = "nonfinite_data_or_loss", "non-finite values in the data (NONFINITE_INPUT)"
-    elif codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW", "NORM_STATS_NONFINITE", "DTYPE_MISMATCH"}:
-        cause, detail = "nonfinite_data_or_loss", f"a non-finite forward/loss ({', '.join(sorted(codes))})"
-    elif "BACKWARD_OVERFLOW" in codes:
-        cause, detail = "gradient_overflow", "gradients that overflow even at scale 1 (BACKWARD_OVERFLOW)"
-    elif "BACKWARD_OVERFLOW" in infos:
-        cause, detail = "gradient_overflow", "real gradient overflow at the current scale, avoidable by a lower scale"
-    else:
-        cause, detail = "not_reproduced", "the last step replays finite; the collapse came from earlier steps"
-    top = next((f for f in found if f.severity == "error"), None)
-    return Finding(
-        code="SCALE_COLLAPSE", severity="error",
-        message=f"the loss scale collapsed; replaying step {cap.step} attributes it to {detail}"
-                + (f" in {display_module(top.module)}" if top is not None and top.module is not None else ""),
-        fix=(top.fix if top is not None else
-             "Inspect the steps before the collapse (telemetry's scale history); a scale that keeps halving with a "
-             "finite loss means gradients overflow every step: keep the overflowing module in fp32 or use bf16."),
-        module=top.module if top is not None else None, op=top.op if top is not None else None,
-        location=top.location if top is not None else None, step=cap.step,
-        evidence={"cause": cause, "scale": _scale_value(cap)},
-    )
 
 
 def _scale_value(cap: _StepCapture) -> float:
