@@ -40,10 +40,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampkit.diagnose.observers import Context
-from ampkit.diagnose.observers_base import CodeFilter, PatchSet
-from ampkit.diagnose.observers_rules import finalize
-from ampkit.diagnose.script import run_script
+from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.context import Context
+from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.rules import finalize
+from ampkit.diagnose.script.runner import run_script
 from ampkit.tasks.gpt import GPT, GPTConfig
 
 CFG = GPTConfig(n_layer=2, d_model=128, n_head=4, block_size=64)
@@ -113,7 +114,7 @@ def make_mlp() -> Loop:
 
 def observed(train: Loop, steps: int, times: list[tuple[float, float]]) -> None:
     """``train`` under the observers, installed and restored as ``run_script`` does."""
-    ctx = Context(CodeFilter([Path(__file__).parent]))
+    ctx = Context(UserFrames([Path(__file__).parent]))
     patches = PatchSet()
     ctx.install(patches)
     try:

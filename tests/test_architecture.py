@@ -31,12 +31,6 @@ LAYERS: dict[str, int] = {
 }
 LINT = "ampkit.lint"
 
-# Violations present when this test was written; each entry is removed as the code is fixed,
-# and an entry that no longer occurs fails the test so the list only shrinks.
-ALLOWED_UPWARD: set[tuple[str, str]] = set()
-ALLOWED_CYCLES: set[frozenset[str]] = set()
-# Files and functions over the size limits when this test was written (same rule as above).
-ALLOWED_LONG: set[str] = {"ampkit/diagnose/api.py"}
 
 MAX_FILE_LINES = 450
 MAX_DEF_LINES = 60
@@ -173,22 +167,18 @@ def test_architecture_every_module_has_a_layer() -> None:
 
 def test_architecture_no_upward_imports() -> None:
     bad = _upward_imports()
-    assert bad - ALLOWED_UPWARD == set(), "imports against the layers: " + ", ".join(
-        f"{a} -> {b}" for a, b in sorted(bad - ALLOWED_UPWARD))
-    assert ALLOWED_UPWARD - bad == set(), f"fixed, remove from ALLOWED_UPWARD: {sorted(ALLOWED_UPWARD - bad)}"
+    assert bad == set(), "imports against the layers: " + ", ".join(f"{a} -> {b}" for a, b in sorted(bad))
 
 
 def test_architecture_no_import_cycles_between_files() -> None:
     cycles = _cycles()
-    assert cycles - ALLOWED_CYCLES == set(), "import cycles: " + "; ".join(
-        " <-> ".join(sorted(c)) for c in cycles - ALLOWED_CYCLES)
-    assert ALLOWED_CYCLES - cycles == set(), f"fixed, remove from ALLOWED_CYCLES: {ALLOWED_CYCLES - cycles}"
+    assert cycles == set(), "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in cycles)
 
 
 def test_architecture_lint_imports_nothing_outside_lint_but_util() -> None:
     outside = {(m, t) for m in _files() if m.startswith(LINT) for t in _imports_of(m)
                if not t.startswith(LINT) and not t.startswith("ampkit._util")}
-    assert outside <= ALLOWED_UPWARD, sorted(outside - ALLOWED_UPWARD)
+    assert outside == set(), sorted(outside)
 
 
 def _long_defs(path: Path) -> list[str]:
@@ -204,17 +194,7 @@ def _long_defs(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_architecture_file_and_def_sizes(path: Path) -> None:
-    if str(path.relative_to(SRC)) in ALLOWED_LONG:
-        pytest.skip("over the limits when the test was written; listed in ALLOWED_LONG until split")
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_FILE_LINES, f"{path.relative_to(SRC)} has {lines} lines (at most {MAX_FILE_LINES}): split it"
     assert _long_defs(path) == [], f"functions over {MAX_DEF_LINES} lines (docstring included): split them"
 
-
-def test_architecture_allowed_long_lists_only_files_still_over_the_limits() -> None:
-    for rel in sorted(ALLOWED_LONG):
-        path = SRC / rel
-        if not path.exists():
-            pytest.fail(f"{rel} is gone: remove it from ALLOWED_LONG")
-        over = len(path.read_text(encoding="utf-8").splitlines()) > MAX_FILE_LINES or _long_defs(path)
-        assert over, f"{rel} is within the limits now: remove it from ALLOWED_LONG"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ampkit
-from ampkit.diagnose.replay import ReplayDoctor
+from ampkit.diagnose.live import ReplayDoctor
 from ampkit.engine import Engine
 from ampkit.hooks import HookEvent
 from ampkit.mixed_precision import MixedPrecision

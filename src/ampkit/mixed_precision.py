@@ -21,11 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from typing_extensions import override
-
-from ampkit.diagnose.replay import ReplayDoctor
+from ampkit.diagnose.live import ReplayDoctor
 from ampkit.engine import Engine
-from ampkit.hooks import EngineHook, HookEvent, overrides
 from ampkit.precision import Precision
 from ampkit.telemetry import Telemetry, make_telemetry
 
@@ -40,7 +37,7 @@ class MixedPrecision(Engine):
         skip_nonfinite, hooks: as for ``Engine``.
         telemetry: on-device step metrics and alarms (see ``ampkit.telemetry``).
         doctor: keep a cheap capture of each step and replay a failing one fully instrumented
-            (see ``ampkit.diagnose.replay``).
+            (see ``ampkit.diagnose.live``).
 
     Example: the loop of ``Engine``, with step metrics recorded in a list::
 
@@ -70,22 +67,6 @@ class MixedPrecision(Engine):
         if telemetry is not None:
             self.telemetry = make_telemetry(telemetry, self)
         if doctor:
-            self.doctor = ReplayDoctor(self)
+            self.doctor = ReplayDoctor()
             self.add_hook(self.doctor)
-            if not overrides(self.doctor, "on_event"):
-                # A doctor that does not serve "replay" events itself gets them through a relay.
-                self.add_hook(_ReplayRelay(self.doctor))
 
-
-class _ReplayRelay(EngineHook):
-    """Serves ``HookEvent(kind="replay")`` (a telemetry alarm's request) with ``doctor.replay``."""
-
-    def __init__(self, doctor: ReplayDoctor) -> None:
-        self.doctor = doctor
-
-    @override
-    def on_event(self, engine: Engine, event: HookEvent) -> bool | None:
-        if event.kind != "replay":
-            return None
-        self.doctor.replay(reason=event.reason)
-        return True

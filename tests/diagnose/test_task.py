@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.diagnose.perf import low_precision_speed
-from ampkit.diagnose.task import diagnose_task, merge_findings
+from ampkit.diagnose.core.perf import low_precision_speed
+from ampkit.diagnose.task import collapse_repeated_findings, diagnose_task
 from ampkit.findings import Finding
 from ampkit.tasks.gpt import GPT, GPTConfig
 
@@ -75,7 +75,7 @@ def test_task_rejects_negative_steps() -> None:
 def test_task_merge_findings_collects_steps() -> None:
     a = Finding(code="FORWARD_NAN", severity="error", message="m", fix="f", module="x", step=2)
     b = Finding(code="FORWARD_NAN", severity="error", message="m2", fix="f", module="x", step=5)
-    (merged,) = merge_findings([a, b])
+    (merged,) = collapse_repeated_findings([a, b])
     assert merged.evidence["steps"] == [2, 5] and merged.message == "m"
 
 

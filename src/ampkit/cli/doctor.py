@@ -74,7 +74,7 @@ def is_script(target: str, as_module: bool) -> bool:
 
 
 def _write_outputs(args: argparse.Namespace, result: Any, findings: list[Any], environment: dict[str, Any]) -> None:
-    from ampkit.diagnose.output import write_html, write_json
+    from ampkit.diagnose import write_html, write_json
 
     if args.json:
         write_json(args.json, result, environment)
@@ -107,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_script(args: argparse.Namespace) -> int:
-    from ampkit.diagnose.output import render_terminal
-    from ampkit.diagnose.script import run_script
+    from ampkit.diagnose.report.terminal import render_terminal
+    from ampkit.diagnose.script.runner import run_script
 
     report = run_script(args.target, args.args, module=args.as_module, precision=args.precision,
                         replay=not args.no_replay, checkup=not args.no_checkup)
@@ -122,7 +122,7 @@ def _run_script(args: argparse.Namespace) -> int:
 
 
 def _run_task(args: argparse.Namespace) -> int:
-    from ampkit.diagnose.output import render_terminal
+    from ampkit.diagnose.report.terminal import render_terminal
     from ampkit.diagnose.task import diagnose_task
     from ampkit.tasks import load_task
 

@@ -1,18 +1,25 @@
 """Diagnostics: where and why low precision breaks, and what to change.
 
+The tree is one sub-package per mode over a shared core:
+
+* ``core/``: what every doctor shares (tensor statistics, module attribution, finding display);
+* ``step/``: the step doctor, ``diagnose_step`` (op tracing, FP32 shadow, keep-fp32 bisection);
+* ``script/``: ``ampkit doctor SCRIPT`` (runner, watchers/, end-of-run rules, error explanations);
+* ``live/``: ``ReplayDoctor``, the engine hook of ``MixedPrecision(doctor=True)``;
+* ``report/``: terminal, JSON and HTML output; ``task.py``: ``diagnose_task``.
+
 The public entry points are imported lazily, so ``import ampkit.findings`` stays cheap:
 
-* ``diagnose_step(model, run, precision=...)`` -> ``DiagnosisResult`` (``ampkit.diagnose.api``)
+* ``diagnose_step(model, run, precision=...)`` -> ``DiagnosisResult`` (``ampkit.diagnose.step``)
 * ``diagnose_task(task, precision)`` (``ampkit.diagnose.task``)
-* ``tensor_stats(t)`` -> ``TensorStats`` (``ampkit.diagnose.stats``)
-* ``ReplayDoctor`` — what ``MixedPrecision(doctor=True)`` installs (``ampkit.diagnose.replay``)
-* ``render_terminal``, ``write_json``, ``write_html`` (``ampkit.diagnose.output``)
+* ``tensor_stats(t)`` -> ``TensorStats`` (``ampkit.diagnose.core.stats``)
+* ``ReplayDoctor`` (``ampkit.diagnose.live``)
+* ``render_terminal``, ``write_json``, ``write_html`` (``ampkit.diagnose.report``)
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ampkit._util.lazy import lazy_attributes
 
 __all__ = [
     "DiagnosisResult",
@@ -26,14 +33,14 @@ __all__ = [
     "write_json",
 ]
 
-_HOME = {
-    "DiagnosisResult": "api", "diagnose_step": "api", "diagnose_task": "task", "TensorStats": "stats",
-    "tensor_stats": "stats", "ReplayDoctor": "replay", "render_terminal": "output", "write_json": "output",
-    "write_html": "output",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"ampkit.diagnose.{_HOME[name]}"), name)
-    raise AttributeError(f"module 'ampkit.diagnose' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "DiagnosisResult": "ampkit.diagnose.step.result",
+    "diagnose_step": "ampkit.diagnose.step.api",
+    "diagnose_task": "ampkit.diagnose.task",
+    "TensorStats": "ampkit.diagnose.core.stats",
+    "tensor_stats": "ampkit.diagnose.core.stats",
+    "ReplayDoctor": "ampkit.diagnose.live.doctor",
+    "render_terminal": "ampkit.diagnose.report.terminal",
+    "write_json": "ampkit.diagnose.report.json",
+    "write_html": "ampkit.diagnose.report.html",
+})

@@ -6,7 +6,7 @@ diagnosis:
 1. diagnoses the first batch with ``diagnose_step`` (op-level trace, FP32 shadow, bisection,
    headroom), at the scale the engine would use;
 2. trains ``steps`` steps with ``MixedPrecision(precision, doctor=True)``, so any step that is
-   skipped or goes non-finite later is replayed and diagnosed (``ampkit.diagnose.replay``);
+   skipped or goes non-finite later is replayed and diagnosed (``ampkit.diagnose.live.doctor``);
 3. measures whether the precision is slower than fp32 here (SLOW_LOW_PRECISION).
 
 Findings repeated across steps are merged into one (``evidence.steps`` lists them).
@@ -19,19 +19,21 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.api import DiagnosisResult, diagnose_step
-from ampkit.diagnose.events import sort_findings
-from ampkit.diagnose.perf import low_precision_speed
+from ampkit.diagnose.core.display import sort_findings
+from ampkit.diagnose.core.perf import low_precision_speed
+from ampkit.diagnose.step.api import diagnose_step
+from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.env import collect_environment
 from ampkit.findings import Finding
 from ampkit.mixed_precision import MixedPrecision
 from ampkit.precision import Precision
 
-__all__ = ["diagnose_task", "merge_findings"]
+__all__ = ["collapse_repeated_findings", "diagnose_task"]
 
 
-def merge_findings(findings: list[Finding]) -> list[Finding]:
-    """One finding per (code, module, op); the steps it occurred at go to ``evidence.steps``."""
+def collapse_repeated_findings(findings: list[Finding]) -> list[Finding]:
+    """The same finding seen at several steps, collapsed: one per (code, module, op), the steps it
+    occurred at in ``evidence.steps``."""
     merged: dict[tuple[str, str | None, str | None], Finding] = {}
     steps: dict[tuple[str, str | None, str | None], list[int]] = {}
     for f in findings:
@@ -90,7 +92,7 @@ def diagnose_task(task: Any, precision: str | Precision = "auto", *, steps: int 
         slow = low_precision_speed(prec)
         if slow is not None:
             findings.append(slow)
-    result.findings = merge_findings(findings)
+    result.findings = collapse_repeated_findings(findings)
     result.environment = {**collect_environment(dev), "task": getattr(task, "name", type(task).__name__),
                           "steps": steps, "seed": seed}
     return result

@@ -1,0 +1,50 @@
+"""How findings are ordered and where they point, the same in every doctor and every output.
+
+>>> display_module(None), display_module(""), display_module("blocks.0.attn")
+('code outside the model', "the model's own forward", 'blocks.0.attn')
+"""
+
+from __future__ import annotations
+
+import os
+
+from ampkit.findings import SEVERITY_ORDER, Finding
+
+__all__ = ["display_location", "display_module", "finding_where", "keep_fp32_fix", "sort_findings"]
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Worst first: errors, then warnings, then info; stable within a severity."""
+    return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])
+
+
+def display_location(location: str | None) -> str | None:
+    """``file:line`` relative to the working directory when the file lies under it."""
+    if location is None:
+        return None
+    path, _, line = location.rpartition(":")
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return location
+    return f"{rel}:{line}" if not rel.startswith("..") else location
+
+
+def display_module(module: str | None) -> str:
+    if module is None:
+        return "code outside the model"
+    return "the model's own forward" if module == "" else module
+
+
+def keep_fp32_fix(module: str | None, why: str) -> str:
+    if module is None or module == "":
+        return why
+    return (f"Keep {module!r} in fp32: MixedPrecision(..., keep_fp32=[{module!r}]) "
+            f"(or ampkit.keep_fp32(model.get_submodule({module!r})) in a hand-written loop). {why}")
+
+
+def finding_where(f: Finding) -> str:
+    """``module · op · file:line · step N``: the parts the finding has."""
+    parts = [display_module(f.module) if f.module is not None else None, f.op, f.location,
+             f"step {f.step}" if f.step is not None else None]
+    return " · ".join(p for p in parts if p)

@@ -1,0 +1,65 @@
+"""The live doctor's own findings: a non-finite gradient seed, and a classified scale collapse."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.core.display import display_module
+from ampkit.findings import SCALE_COLLAPSE_CAUSES, Finding
+
+__all__ = ["scale_collapse_finding", "seed_finding"]
+
+
+def seed_finding(losses: list[torch.Tensor], model: nn.Module, step: int, scale: float) -> Finding:
+    """The model's forward is finite but the gradient reaching its outputs is not."""
+    dtypes = sorted({str(x.dtype).replace("torch.", "") for x in losses})
+    losses_finite = all(bool(torch.isfinite(x).all()) for x in losses)
+    if losses_finite and scale > 1.0:
+        return Finding(
+            code="BACKWARD_OVERFLOW", severity="info",
+            message=(f"the gradient reaching the model's outputs overflowed at loss scale {scale:g} while the loss "
+                     "itself is finite: ordinary dynamic loss scaling — the step is skipped and the scale backs off"
+                     + (f"; the loss is {dtype_name(dtypes[0])}, so its gradient is narrow from the start" if dtypes and
+                        dtypes[0] in ("float16", "bfloat16") else "")),
+            fix=("Nothing to change if it happens now and then; if most steps are skipped, lower init_scale. "
+                 "Computing the loss in fp32 (loss_fn(output.float(), target)) widens the range at this boundary."),
+            step=step, evidence={"loss_scale": scale, "loss_dtypes": dtypes, "phase": "backward",
+                                     "where": "model output"},
+        )
+    return Finding(
+        code="FORWARD_NAN", severity="error",
+        message=("the model's forward is finite, but the gradient reaching its outputs is not: the non-finite "
+                 "value was produced between the model output and the loss (the loss function or the targets)"
+                 + (f"; the loss was {dtype_name(dtypes[0])}" if dtypes else "")),
+        fix=("Check the targets for NaN/inf, clamp probabilities before log(), and compute the loss in fp32 "
+             "(loss_fn(output.float(), target))."),
+        step=step, evidence={"loss_dtypes": dtypes, "model": type(model).__name__},
+    )
+
+
+def scale_collapse_finding(found: list[Finding], step: int, scale: float) -> Finding:
+    """SCALE_COLLAPSE with its cause classified from what the replay of the last step found."""
+    codes = {f.code for f in found if f.severity == "error"}
+    infos = {f.code for f in found if f.severity == "info"}
+    if "NONFINITE_INPUT" in codes:
+        cause, detail = "nonfinite_data_or_loss", "non-finite values in the data (NONFINITE_INPUT)"
+    elif codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW", "NORM_STATS_NONFINITE", "DTYPE_MISMATCH"}:
+        cause, detail = "nonfinite_data_or_loss", f"a non-finite forward/loss ({', '.join(sorted(codes))})"
+    elif "BACKWARD_OVERFLOW" in codes:
+        cause, detail = "gradient_overflow", "gradients that overflow even at scale 1 (BACKWARD_OVERFLOW)"
+    elif "BACKWARD_OVERFLOW" in infos:
+        cause, detail = "gradient_overflow", "real gradient overflow at the current scale, avoidable by a lower scale"
+    else:
+        cause, detail = "not_reproduced", SCALE_COLLAPSE_CAUSES["not_reproduced"].what
+    top = next((f for f in found if f.severity == "error"), None)
+    return Finding(
+        code="SCALE_COLLAPSE", severity="error",
+        message=f"the loss scale collapsed; replaying step {step} attributes it to {detail}"
+                + (f" in {display_module(top.module)}" if top is not None and top.module is not None else ""),
+        fix=top.fix if top is not None else SCALE_COLLAPSE_CAUSES["not_reproduced"].fix,
+        module=top.module if top is not None else None, op=top.op if top is not None else None,
+        location=top.location if top is not None else None, step=step,
+        evidence={"cause": cause, "scale": scale},
+    )

@@ -1,0 +1,64 @@
+"""The doctor's findings in a terminal: worst first, with ``rich`` when it is installed (plain
+text otherwise, or when the stream is not a terminal), then a one-line summary."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import IO
+
+from ampkit.diagnose.core.display import finding_where, sort_findings
+from ampkit.findings import Finding
+
+__all__ = ["render_terminal"]
+
+_TAGS = {"error": "ERROR", "warning": "WARN ", "info": "INFO "}
+_RICH_STYLE = {"error": "bold white on red", "warning": "bold black on yellow", "info": "bold white on blue"}
+
+
+def render_terminal(findings: Sequence[Finding], file: IO[str] | None = None, *, color: bool | None = None) -> None:
+    """Print ``findings`` worst first, then a one-line summary.
+
+    >>> import io
+    >>> buf = io.StringIO()
+    >>> render_terminal([Finding(code="PRECISION_LOSS", severity="warning", message="m", fix="f")], file=buf)
+    >>> "PRECISION_LOSS" in buf.getvalue() and "1 warning" in buf.getvalue()
+    True
+    """
+    out = file if file is not None else sys.stdout
+    ordered = sort_findings(list(findings))
+    use_rich = color if color is not None else (hasattr(out, "isatty") and out.isatty())
+    if use_rich:
+        try:
+            _render_rich(ordered, out)
+            return
+        except ImportError:
+            pass
+    for f in ordered:
+        head = f"{_TAGS[f.severity]} {f.code}"
+        where = finding_where(f)
+        print(f"{head}  {where}" if where else head, file=out)
+        print(f"        {f.message}", file=out)
+        print(f"        fix: {f.fix}", file=out)
+    print(_summary(ordered), file=out)
+
+
+def _summary(findings: Sequence[Finding]) -> str:
+    if not findings:
+        return "ampkit doctor: no findings"
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+    text = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
+    return f"ampkit doctor: {len(findings)} finding{'s' if len(findings) != 1 else ''} ({text})"
+
+
+def _render_rich(findings: Sequence[Finding], out: IO[str]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(file=out, highlight=False, soft_wrap=False)
+    for f in findings:
+        console.print(f"[{_RICH_STYLE[f.severity]}] {f.severity.upper()} [/] [bold]{escape(f.code)}[/]  "
+                      f"[cyan]{escape(finding_where(f))}[/]")
+        console.print(f"    {escape(f.message)}")
+        console.print(f"    [green]fix:[/] {escape(f.fix)}")
+    console.print(escape(_summary(findings)))

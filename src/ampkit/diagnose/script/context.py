@@ -1,0 +1,263 @@
+"""All script watchers behind one ``Context``: install, observe, detect failures, restore.
+
+``Context`` builds the state the watchers share (``state.WatchState``: the iteration counter,
+the findings ledger, the deferred reads, the sampler) and turns two signals into failures worth a replay: a step
+the GradScaler skipped, and a non-finite loss.
+
+Sampling (what keeps an unproblematic script within 1.5x of its plain run time): the first
+``Sampler.warmup`` iterations, every ``Sampler.period``-th one, and a few after any failure are
+*dense*: global module hooks discover models, parameter dtypes and normalisation statistics are
+checked, and deferred device reads are flushed.  The other iterations pay only for the wrappers
+(a few Python calls per step) and the root-model hooks (two hook calls per forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ampkit._util.dtypes import dtype_name
+from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.state import Sampler, WatchState
+from ampkit.diagnose.script.watchers.autocast import AutocastWatch
+from ampkit.diagnose.script.watchers.backward import BackwardWatch
+from ampkit.diagnose.script.watchers.io import CheckpointWatch
+from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
+from ampkit.diagnose.script.watchers.optim import OptimWatch
+from ampkit.diagnose.script.watchers.scaler import ScalerWatch
+from ampkit.findings import nonfinite_input
+
+__all__ = ["Context", "Failure"]
+
+_COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
+
+
+@dataclass
+class Failure:
+    """A step that went wrong, with what is needed to replay it."""
+
+    kind: str
+    """``skip`` (the GradScaler skipped the step) or ``nonfinite_loss``."""
+    iteration: int
+    cause: str
+    """``nonfinite_data``, ``nonfinite_loss``, ``scaled_loss_overflow`` or ``gradient_overflow``."""
+    captures: list[Capture]
+    scale: float | None = None
+
+
+@dataclass
+class _Forwards:
+    total: int = 0
+    autocast: Counter[torch.dtype] = field(default_factory=Counter)
+    half_params: Counter[torch.dtype] = field(default_factory=Counter)
+    wrong_device: dict[tuple[str, str], int] = field(default_factory=dict)
+    devices: set[str] = field(default_factory=set)
+
+
+class Context:
+    """Shared observer state.  ``install(patches)`` hooks torch; ``patches.restore()`` undoes it."""
+
+    def __init__(self, code: UserFrames, *, on_failure: Callable[[Failure], None] | None = None,
+                 sampler: Sampler | None = None) -> None:
+        self.on_failure = on_failure
+        models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller, user_frame=code.caller_frame)
+        self.state = WatchState(frames=code, models=models, signals=self, sampler=sampler or Sampler())
+        self.autocast = AutocastWatch(self.state)
+        self.optim = OptimWatch(self.state, autocast=self.autocast)
+        self.backward = BackwardWatch(self.state)
+        self.scalers = ScalerWatch(self.state, optim=self.optim, backward=self.backward)
+        # optimizer steps and backward calls consult the scalers that guard them, and vice versa
+        self.optim.scalers = self.backward.scalers = self.scalers
+        self.checkpoints = CheckpointWatch(self.state, scalers=self.scalers)
+        self.forwards = _Forwards()
+        self.skips: dict[int, str] = {}
+        self.cause_of: dict[str, str] = {}
+        """Cause corrections learnt from replays, applied to the other skipped steps at the end."""
+        self.applied_scaled = 0
+        self.boundary_overflows: list[int] = []
+        """Skipped steps whose gradient was already non-finite where it reached the model outputs."""
+        self.nonfinite_grad_steps: list[int] = []
+        """Iterations whose gradients were non-finite at an optimizer step no scaler guarded."""
+        self.norm_bad: dict[str, tuple[int, int, bool]] = {}
+        """module name -> (first iteration seen, non-finite count, seen right after a skipped step)."""
+
+    # The shared state, under the names the rules and the runner read.
+    code = property(lambda self: self.state.frames)
+    models = property(lambda self: self.state.models)
+    ledger = property(lambda self: self.state.ledger)
+    pending = property(lambda self: self.state.pending)
+    sampler = property(lambda self: self.state.sampler)
+    loss_nonfinite = property(lambda self: self.state.loss_nonfinite)
+    locations = property(lambda self: self.state.locations)
+
+    @property
+    def iteration(self) -> int:
+        return self.state.iteration
+
+    @property
+    def paused(self) -> bool:
+        return self.state.paused
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Observe nothing while the doctor runs models itself (replays, checkups)."""
+        before = self.models.paused
+        self.models.paused = True
+        try:
+            yield
+        finally:
+            self.models.paused = before
+
+    def install(self, patches: PatchSet) -> None:
+        for watch in (self.autocast, self.optim, self.scalers, self.backward, self.checkpoints):
+            watch.install(patches)
+        self.models.set_discovery(True)
+        patches.handle(_Remover(self.models.remove))
+        # torch.compile warns about global module hooks; the doctor's are no-ops inside compiled code.
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING)
+        entry = warnings.filters[0]
+        patches.handle(_Remover(lambda: _drop_filter(entry)))
+
+    def note_location(self, what: str, location: str | None) -> None:
+        self.state.note_location(what, location)
+
+    # -- events -----------------------------------------------------------------------------
+    def _on_root_forward(self, cap: Capture) -> None:
+        f = self.forwards
+        f.total += 1
+        f.devices.add(cap.device.type)
+        if cap.autocast_enabled:
+            f.autocast[cap.autocast_dtype] += 1
+        elif cap.param_dtype in (torch.float16, torch.bfloat16):
+            f.half_params[cap.param_dtype] += 1
+        for other in cap.other_autocast:
+            key = (other, cap.device.type)
+            f.wrong_device[key] = f.wrong_device.get(key, 0) + 1
+        self.autocast.on_root_forward(cap)
+
+    def end_iteration(self) -> None:
+        """The primary optimizer stepped (or was skipped): a new iteration begins."""
+        self.state.iteration += 1
+        self.models.step = self.iteration
+        self.models.new_window()
+        dense = self.sampler.dense(self.iteration)
+        self.models.set_discovery(dense)
+        if dense:
+            self.models.refresh_roots()
+            self.check_norm_stats()
+            self.pending.flush()
+
+    def on_loss(self, it: int, nonfinite: bool) -> None:
+        if not nonfinite:
+            return
+        self.loss_nonfinite.add(it)
+        scaled = any(c.scale is not None for c in self.models.captures)
+        if not scaled and it == self.iteration:
+            cause = "nonfinite_data" if self._inputs_nonfinite(self.models.captures, it) else "nonfinite_loss"
+            self._fail(Failure("nonfinite_loss", it, cause, list(self.models.captures)))
+
+    def on_grads(self, it: int, nonfinite: bool) -> None:
+        """Non-finite gradients at an unguarded optimizer step (the weights are about to be corrupted)."""
+        if not nonfinite or it != self.iteration:
+            return
+        self.nonfinite_grad_steps.append(it)
+        cause = "nonfinite_data" if self._inputs_nonfinite(self.models.captures, it) else "gradient_overflow"
+        self._fail(Failure("nonfinite_grads", it, cause, list(self.models.captures)))
+
+    def on_scaler_found(self, found: torch.Tensor, scale: torch.Tensor, it: int, primary: bool,
+                        urgent: bool) -> None:
+        caps = list(self.models.captures)
+
+        def judge(v: float) -> None:
+            if v <= 0:
+                if primary:
+                    self.applied_scaled += 1
+                return
+            if not primary and it in self.skips:
+                return
+            live = it == self.iteration
+            cause = self._classify(caps if live else [], it)
+            self.skips[it] = cause
+            if live:
+                self.check_norm_stats(after_skip=True)
+                self._fail(Failure("skip", it, cause, caps, float(scale)))
+        if urgent:
+            judge(float(found))
+        else:
+            self.pending.read(found, judge)
+
+    def reclassify(self, it: int, cause: str) -> None:
+        """A replay showed what really made step ``it`` fail (e.g. a forward overflow behind a finite loss)."""
+        if it in self.skips:
+            old = self.skips[it]
+            self.cause_of[old] = cause
+            self.skips[it] = cause
+
+    def _classify(self, caps: list[Capture], it: int) -> str:
+        if self._inputs_nonfinite(caps, it):
+            return "nonfinite_data"
+        if any(c.loss is not None and not bool(torch.isfinite(c.loss).all()) for c in caps):
+            self.loss_nonfinite.add(it)  # read here, on the failure path, for scaled losses
+        if it in self.loss_nonfinite:
+            return "nonfinite_loss"
+        if it in self.scalers.scaled_overflow:
+            return "scaled_loss_overflow"
+        return "gradient_overflow"
+
+    def _inputs_nonfinite(self, caps: list[Capture], it: int) -> bool:
+        """NONFINITE_INPUT: non-finite values in a captured batch (a host read; failure path only)."""
+        bad = False
+        for cap in caps:
+            for i, x in enumerate(cap.float_inputs()):
+                rows = (~torch.isfinite(x.detach())).reshape(x.shape[0], -1).any(1) if x.dim() else \
+                    (~torch.isfinite(x.detach())).reshape(1)
+                idx = rows.nonzero().flatten().tolist()
+                if not idx:
+                    continue
+                bad = True
+                model = self.models.label(cap.root)
+                message, fix = nonfinite_input(
+                    f"input #{i} of {model} ({tuple(x.shape)}, {dtype_name(x.dtype)}) holds NaN/inf in {len(idx)} "
+                    f"of {rows.numel()} samples (indices {idx[:8]}{' ...' if len(idx) > 8 else ''}) at step {it}, "
+                    "before any low-precision op runs")
+                self.ledger.add(
+                    "NONFINITE_INPUT", key=("input", model, i), message=message, fix=fix,
+                    location=cap.location, step=it,
+                    evidence={"input": i, "samples": idx[:32], "batch_size": int(rows.numel())},
+                )
+        return bad
+
+    def check_norm_stats(self, after_skip: bool = False) -> None:
+        names = self.models.named_modules()
+        it = self.iteration
+        for mod, bad in self.models.norm_stats():
+            name = names.get(id(mod), type(mod).__name__)
+
+            def judge(v: float, name: str = name) -> None:
+                if v > 0 and name not in self.norm_bad:
+                    self.norm_bad[name] = (it, int(v), after_skip)
+            self.pending.read(bad, judge)
+
+    def _fail(self, failure: Failure) -> None:
+        self.sampler.boost(failure.iteration)
+        if self.on_failure is not None:
+            self.on_failure(failure)
+
+
+class _Remover:
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.remove = fn
+
+
+def _drop_filter(entry: Any) -> None:
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]
+    if entry in filters:
+        filters.remove(entry)
+        warnings._filters_mutated()  # type: ignore[attr-defined]

@@ -1,0 +1,148 @@
+"""Explain the exceptions mixed precision makes training scripts raise, with the user's line.
+
+Each known message becomes a ``Finding``: its code, what the message means in AMP terms, the
+user's ``file:line`` (innermost user frame of the traceback), the source text of that line,
+the module whose forward was running (innermost frame whose ``self`` is a known module), and
+the fix.
+
+>>> import re
+>>> bool(_DTYPE_PATTERNS[0].search("mat1 and mat2 must have the same dtype, but got Half and Float"))
+True
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import types
+from collections.abc import Callable
+
+from torch import nn
+
+from ampkit._util.dtypes import dtype_name
+from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.watchers.scaler import ORDER_FIXES
+from ampkit.findings import Finding
+
+__all__ = ["explain_exception"]
+
+_CAST = re.compile(r"value cannot be converted to type (?:at::|c10::)?(\w+) without overflow")
+_DTYPE_PATTERNS = [
+    re.compile(r"mat1 and mat2 must have the same dtype, but got (\w+) and (\w+)"),
+    re.compile(r"expected m1 and m2 to have the same dtype, but got: ([\w:]+) != ([\w:]+)"),
+    re.compile(r"expected (?:mat1 and mat2|both vectors|self and mat2) to have the same dtype, but got: ([\w:]+) != "
+               r"([\w:]+)"),
+    re.compile(r"expected scalar type (\w+) but found (\w+)"),
+    re.compile(r"Input type \(([\w:]+)\) and (?:weight|bias) type \(([\w:]+)\) should be the same"),
+    re.compile(r"Index put requires the source and destination dtypes match, got (\w+) for the destination and "
+               r"(\w+) for the source"),
+    re.compile(r"query\.dtype: ([\w:]+) key\.dtype: ([\w:]+)"),
+    re.compile(r"RNN input dtype \(([\w.]+)\) does not match weight dtype \(([\w.]+)\)"),
+    re.compile(r"result type (\w+) can't be cast to the desired output type (\w+)"),
+]
+
+
+def _module_of(tb: types.TracebackType | None, names: dict[int, str]) -> str | None:
+    found = None
+    while tb is not None:
+        me = tb.tb_frame.f_locals.get("self")
+        if isinstance(me, nn.Module) and id(me) in names:
+            found = names[id(me)]
+        tb = tb.tb_next
+    return found
+
+
+def _source_line(location: str | None) -> str | None:
+    if not location:
+        return None
+    path, _, line = location.rpartition(":")
+    text = linecache.getline(path, int(line)).strip() if line.isdigit() else ""
+    return text or None
+
+
+def explain_exception(exc: BaseException, code: UserFrames, names: dict[int, str], *,
+                      step: int | None = None) -> Finding | None:
+    """A finding for ``exc`` when it is one of the errors mixed precision causes, else None."""
+    text = str(exc)
+    tb = exc.__traceback__
+    location = code.traceback_location(tb)
+    module = _module_of(tb, names)
+    source = _source_line(location)
+    evidence: dict[str, object] = {"exception": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
+    if source:
+        evidence["source"] = source
+    at = f" at {location}" + (f" (`{source}`)" if source else "") if location else ""
+    for rule in _RULES:
+        made = rule(text)
+        if made is not None:
+            code_name, message, fix = made
+            return Finding(code=code_name, severity="error", message=message + at, fix=fix, module=module,
+                           location=location, step=step, evidence=evidence)
+    return None
+
+
+def _cast_overflow(text: str) -> tuple[str, str, str] | None:
+    m = _CAST.search(text)
+    if not m:
+        return None
+    dtype = dtype_name(m.group(1).strip())
+    limit = {"fp16": "65504", "bf16": "3.39e38"}.get(dtype, "its range")
+    return (
+        "CAST_OVERFLOW",
+        f"a Python number was written into a {dtype} tensor but does not fit it (largest finite {dtype}: {limit}); "
+        "typically masked_fill(mask, -1e9) or a fill constant on a tensor that autocast made low precision",
+        "use a constant that fits the tensor's dtype, e.g. `scores.masked_fill(mask, torch.finfo(scores.dtype).min)`, "
+        "or run this op in fp32 (`scores.float().masked_fill(...)`)",
+    )
+
+
+def _dtype_mismatch(text: str) -> tuple[str, str, str] | None:
+    for pat in _DTYPE_PATTERNS:
+        m = pat.search(text)
+        if m:
+            a, b = dtype_name(m.group(1).strip()), dtype_name(m.group(2).strip())
+            return (
+                "DTYPE_MISMATCH",
+                f"an op received a {a} and a {b} tensor: mixed precision handed it low-precision values outside "
+                "autocast's casting (an op after the `with torch.autocast` block, a module converted with .half(), "
+                "or an op autocast does not cover)",
+                "run the op inside the same `torch.autocast` region as the code producing its inputs, or cast "
+                "explicitly (`x.float()` / `x.to(weight.dtype)`); keep the model's parameters fp32 and let autocast "
+                "choose the dtypes instead of calling .half() on part of it",
+            )
+    return None
+
+
+def _fp16_grads(text: str) -> tuple[str, str, str] | None:
+    if "Attempting to unscale FP16 gradients" not in text:
+        return None
+    return (
+        "LOW_PRECISION_PARAMS",
+        "GradScaler refused to unscale fp16 gradients: the model's parameters are fp16 (model.half() or "
+        ".to(torch.float16)), but loss scaling needs fp32 master weights to unscale and update into",
+        "keep the parameters in fp32 (remove .half()) and run the forward under "
+        "`torch.autocast(device_type, dtype=torch.float16)`, which casts per op",
+    )
+
+
+def _scaler_order(text: str) -> tuple[str, str, str] | None:
+    for needle, fix in ORDER_FIXES.items():
+        if needle in text:
+            return ("UNSCALE_ORDER_ERROR", f"GradScaler's call order was broken: {text.strip()}", fix)
+    return None
+
+
+def _nonfinite_probs(text: str) -> tuple[str, str, str] | None:
+    if "probability tensor contains either `inf`, `nan` or element < 0" not in text:
+        return None
+    return (
+        "FORWARD_NAN",
+        "sampling received non-finite probabilities: the logits (or their softmax) went inf/NaN in low precision",
+        "compute the logits' softmax in fp32 (`logits.float().softmax(-1)`) and check the forward with "
+        "`ampkit doctor` for the op that overflowed",
+    )
+
+
+_RULES: list[Callable[[str], tuple[str, str, str] | None]] = [
+    _cast_overflow, _dtype_mismatch, _fp16_grads, _scaler_order, _nonfinite_probs,
+]

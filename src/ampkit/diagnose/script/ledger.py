@@ -1,0 +1,78 @@
+"""The script doctor's findings ledger: one finding per ``(code, key)``, later occurrences counted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ampkit.findings import CODES, SEVERITY_ORDER, Finding, Severity
+
+__all__ = ["Ledger"]
+
+
+@dataclass
+class _Entry:
+    code: str
+    severity: Severity
+    message: str
+    fix: str
+    module: str | None
+    op: str | None
+    location: str | None
+    step: int | None
+    evidence: dict[str, Any]
+    count: int = 1
+    steps: list[int] = field(default_factory=list)
+
+
+class Ledger:
+    """Findings keyed by ``(code, key)``: the first occurrence is kept, later ones are counted.
+
+    >>> led = Ledger()
+    >>> [led.add("CLIP_BEFORE_UNSCALE", message="clipped scaled gradients", fix="unscale first", step=s)
+    ...  for s in range(3)]
+    [True, False, False]
+    >>> [(f.code, f.step, f.evidence["occurrences"]) for f in led.findings()]
+    [('CLIP_BEFORE_UNSCALE', 0, 3)]
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, Any], _Entry] = {}
+
+    def add(self, code: str, *, message: str, fix: str, key: Any = None, severity: Severity | None = None,
+            module: str | None = None, op: str | None = None, location: str | None = None,
+            step: int | None = None, evidence: dict[str, Any] | None = None) -> bool:
+        """Record a finding; returns True when it is the first of its ``(code, key)``."""
+        if code not in CODES:
+            raise ValueError(f"unknown finding code {code!r}")
+        entry = self._entries.get((code, key))
+        if entry is not None:
+            entry.count += 1
+            if step is not None and len(entry.steps) < 32:
+                entry.steps.append(step)
+            if severity is not None and SEVERITY_ORDER[severity] < SEVERITY_ORDER[entry.severity]:
+                entry.severity = severity
+            return False
+        self._entries[(code, key)] = _Entry(
+            code=code, severity=severity or CODES[code], message=message, fix=fix, module=module, op=op,
+            location=location, step=step, evidence=dict(evidence or {}),
+            steps=[step] if step is not None else [],
+        )
+        return True
+
+    def has(self, code: str) -> bool:
+        return any(c == code for c, _ in self._entries)
+
+    def findings(self) -> list[Finding]:
+        out = []
+        for e in self._entries.values():
+            evidence = dict(e.evidence)
+            evidence["occurrences"] = e.count
+            if len(e.steps) > 1:
+                evidence["steps"] = e.steps
+            out.append(Finding(code=e.code, severity=e.severity, message=e.message, fix=e.fix, module=e.module,
+                               op=e.op, location=e.location, step=e.step, evidence=evidence))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,89 @@
+"""Replay a captured forward of a user's model under the op-level diagnosis.
+
+The training script's loss function is unknown to the doctor, so a replay re-runs the root
+model on the captured inputs, with the captured RNG state and autocast state, and starts
+backward from the model's outputs with the gradient they received in the user's own backward
+(``OutputGradProgram``).  When that gradient was rounded to fp16/bf16 by a cast right after the
+model (autocast's fp32 loss ops, ``.float()``), the gradient from *before* the cast is used,
+so an overflow at that boundary is reproduced, and judged at scale 1, exactly.  Entries made
+non-finite by a non-finite forward are zeroed (``_usable``), so the keep-fp32 bisection can
+tell a fixed forward from a broken one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.script.watchers.model import Capture
+from ampkit.diagnose.step.api import diagnose_program
+from ampkit.diagnose.step.programs import OutputGradProgram
+from ampkit.diagnose.step.result import DiagnosisResult
+from ampkit.diagnose.step.session import RngSnapshot, Session
+from ampkit.precision import Precision
+
+__all__ = ["replay_capture", "replay_precision"]
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def replay_precision(cap: Capture, intended: str | None) -> tuple[str, torch.dtype, bool] | None:
+    """(precision name, autocast dtype, autocast on) to replay ``cap`` with, or None for an fp32 forward.
+
+    The capture's own autocast state wins; half parameters replay without autocast; an fp32
+    forward replays under ``intended`` (``--precision``) when given.
+    """
+    if cap.autocast_enabled and cap.autocast_dtype in _LOW:
+        return dtype_name(cap.autocast_dtype), cap.autocast_dtype, True
+    if cap.param_dtype in _LOW:
+        assert cap.param_dtype is not None
+        return dtype_name(cap.param_dtype), cap.param_dtype, False
+    if intended and intended != "fp32":
+        prec = Precision.parse(intended, cap.device)
+        if prec.dtype in _LOW:
+            return prec.name, prec.dtype, True
+    return None
+
+
+def replay_capture(cap: Capture, *, intended: str | None = None, step: int | None = None,
+                   user_paths: Sequence[str] = (), bisect: bool = True) -> DiagnosisResult | None:
+    """Diagnose the captured forward (+ its backward) op by op; None when it ran in fp32."""
+    how = replay_precision(cap, intended)
+    if how is None:
+        return None
+    name, dtype, autocast_on = how
+    scale = float(cap.scale) if cap.scale is not None else 1.0
+    grads = [_usable(g32 if g32 is not None else g, out, scale)
+             for g, g32, out in zip(cap.grads, cap.grads_fp32, cap.outputs)]
+    program = OutputGradProgram(cap.args, cap.kwargs, grads, loss_scale=scale,
+                                autocast=(cap.device.type, dtype, autocast_on))
+    precision = Precision.parse(name, cap.device)
+    rng = RngSnapshot(cap.device, cpu=cap.rng_cpu, accel=cap.rng_device)
+    with cap.running_stats_before():
+        session = Session(cap.root, program, precision, user_paths=tuple(user_paths), rng=rng)
+    try:
+        return diagnose_program(cap.root, program, precision, step=step, bisect=bisect,
+                                user_paths=user_paths, session=session)
+    finally:
+        session.close()
+
+
+def _usable(grad: torch.Tensor | None, out: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """The captured output gradient, made usable as a backward seed.
+
+    A non-finite loss sends NaN back only into the output rows that were non-finite (each
+    row's gradient depends on its own values); those entries are zeroed so that a trial that
+    fixes the forward can also finish its backward.  A gradient that is non-finite everywhere
+    carries no information: it is replaced by the gradient of a mean over the output
+    (``scale / numel`` per element), the right order of magnitude for a mean-reduced loss.
+    """
+    if grad is None:
+        return None
+    finite = torch.isfinite(grad)
+    if bool(finite.all()):
+        return grad
+    if bool(finite.any()):
+        return torch.where(finite, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    return torch.full(out.shape, scale / max(1, out.numel()), dtype=torch.float32, device=out.device)

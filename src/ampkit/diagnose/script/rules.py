@@ -1,0 +1,208 @@
+"""End-of-run rules over what the watchers saw: SCALE_COLLAPSE (with its cause),
+SCHEDULER_STEPPED_ON_SKIP, AUTOCAST_INACTIVE, SCALER_WITH_BF16, NORM_STATS_NONFINITE and
+SLOW_LOW_PRECISION (measured on this machine by ``ampkit.diagnose.core.perf``)."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+
+from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.core.perf import low_precision_speed
+from ampkit.findings import Finding, scale_collapse
+
+if TYPE_CHECKING:
+    from ampkit.diagnose.script.context import Context
+    from ampkit.diagnose.script.watchers.scaler import ScalerInfo
+
+__all__ = ["COLLAPSE_STEADY_FRACTION", "finalize", "slow_low_precision"]
+COLLAPSE_STEADY_FRACTION = 0.5
+"""A scale that still skips this fraction of the second half of a run never settled."""
+
+def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool = True) -> None:
+    """Evaluate the end-of-run rules into ``ctx.ledger`` (flushes pending reads first)."""
+    ctx.check_norm_stats()
+    ctx.pending.flush()
+    _scale_collapse(ctx)
+    _boundary_overflow(ctx)
+    _scheduler_on_skip(ctx)
+    _autocast_inactive(ctx, intended)
+    _scaler_with_bf16(ctx)
+    _norm_stats(ctx)
+    if measure_speed:
+        _slow_low_precision(ctx)
+    ctx.checkpoints.finalize()
+
+
+def _collapsed(info: ScalerInfo, skips: dict[int, str], iterations: int) -> tuple[bool, str]:
+    scales = [s for _, s in info.scales]
+    if scales and min(scales) < 1.0:
+        return True, f"the scale fell to {min(scales):g} (below 1: even unscaled gradients are non-finite)"
+    if iterations >= 16:
+        half = range(iterations // 2, iterations)
+        late = sum(1 for it in half if it in skips)
+        if late >= 8 and late >= COLLAPSE_STEADY_FRACTION * len(half):
+            return True, f"{late} of the last {len(half)} steps were still skipped (the scale never settles)"
+    return False, ""
+
+
+def _scale_collapse(ctx: Context) -> None:
+    if not ctx.skips:
+        return
+    for info in ctx.scalers.enabled_infos():
+        collapsed, why = _collapsed(info, ctx.skips, ctx.iteration)
+        if not collapsed:
+            continue
+        causes: dict[str, int] = {}
+        for cause in ctx.skips.values():
+            cause = ctx.cause_of.get(cause, cause)
+            causes[cause] = causes.get(cause, 0) + 1
+        cause = max(causes, key=lambda c: causes[c])
+        message, fix = scale_collapse(
+            cause, f"the GradScaler (created at {info.location}) skipped {len(ctx.skips)} of {ctx.iteration} "
+            f"steps: {why}", f" ({causes[cause]} of the skipped steps)")
+        scales = [s for _, s in info.scales]
+        ctx.ledger.add(
+            "SCALE_COLLAPSE", key=info.location,
+            message=message,
+            fix=fix, location=info.location, step=min(ctx.skips),
+            evidence={
+                "cause": cause, "causes": causes, "skipped_steps": len(ctx.skips), "steps": ctx.iteration,
+                "init_scale": info.init_scale, "min_scale": min(scales) if scales else None,
+                "final_scale": scales[-1] if scales else None, "first_skips": sorted(ctx.skips)[:16],
+            },
+        )
+
+
+def _boundary_overflow(ctx: Context) -> None:
+    """Skipped steps whose gradient was already non-finite where it entered a model's output."""
+    hits = ctx.boundary_overflows
+    if not hits:
+        return
+    collapsed = ctx.ledger.has("SCALE_COLLAPSE")
+    label = ctx.locations.get("boundary_model")
+    ctx.ledger.add(
+        "BACKWARD_OVERFLOW", key="boundary", severity="error" if collapsed else "info",
+        message=(f"on {len(hits)} skipped step(s) (first: {hits[0]}) the gradient was already inf/NaN where it "
+                 f"reached the output of {label}: the overflow happened in the code between the model and the loss "
+                 "(ops outside any module that ran in low precision), not inside the model"
+                 + ("; it persisted while the scale collapsed, so it overflows at any scale" if collapsed else
+                    "; the scaler recovered, so this was ordinary dynamic loss scaling")),
+        fix=("compute what follows the model in fp32: call .float() on the model output before the loss and any "
+             "normalisation/temperature scaling" if collapsed else
+             "nothing to change if it happens only while the scale settles"),
+        location=ctx.locations.get("boundary_overflow"), step=hits[0], evidence={"steps": hits[:32]},
+    )
+
+
+def _scheduler_on_skip(ctx: Context) -> None:
+    hits = ctx.optim.sched_on_skip
+    if not hits or ctx.optim.scheduler_steps < 0.5 * max(1, ctx.iteration):
+        return  # an epoch-level scheduler after a skipped last step is not worth a warning
+    location = ctx.locations.get("scheduler_step")
+    ctx.ledger.add(
+        "SCHEDULER_STEPPED_ON_SKIP", key=location,
+        message=(
+            f"the LR scheduler stepped after {len(hits)} optimizer steps that the GradScaler skipped "
+            f"(first at step {hits[0]}): the schedule ran {len(hits)} steps ahead of the parameter updates "
+            "(warm-up shortened, decay started early)"
+        ),
+        fix=("step the scheduler only when the optimizer stepped: `scale = scaler.get_scale(); scaler.update(); "
+             "if scaler.get_scale() >= scale: scheduler.step()` (or ampkit's mp.scheduler_step(scheduler, result))"),
+        location=location, step=hits[0], evidence={"skipped_scheduler_steps": len(hits), "steps": hits[:32]},
+    )
+
+
+def _autocast_inactive(ctx: Context, intended: str | None) -> None:
+    f = ctx.forwards
+    for req in ctx.autocast.requests.values():
+        if req.requested and not req.effective:
+            why = ("CUDA is not available on this machine" if req.device_type == "cuda"
+                   else f"{dtype_name(req.dtype)} is not an autocast dtype for {req.device_type}")
+            ctx.ledger.add(
+                "AUTOCAST_INACTIVE", key=("disabled", req.location),
+                message=(f"torch.autocast(device_type={req.device_type!r}, dtype={dtype_name(req.dtype)}) at "
+                         f"{req.location} was disabled by torch because {why}: the forward ran in fp32"),
+                fix=("build autocast for the device the model runs on: `torch.autocast(device_type=x.device.type, "
+                     "dtype=torch.bfloat16)` (on CPU prefer bf16)"),
+                location=req.location, evidence={"device_type": req.device_type, "dtype": dtype_name(req.dtype)},
+            )
+    for (other, dev), n in f.wrong_device.items():
+        loc = next((r.location for r in ctx.autocast.requests.values() if r.device_type == other and r.effective),
+                   None)
+        ctx.ledger.add(
+            "AUTOCAST_INACTIVE", key=("device", other, dev),
+            message=(f"autocast was enabled for device_type={other!r} but the model runs on {dev!r}: autocast "
+                     f"only casts ops of its own device type, so {n} forward(s) ran in fp32"),
+            fix=f"use `torch.autocast(device_type={dev!r}, ...)` (or derive it from the model: "
+                "`next(model.parameters()).device.type`)",
+            location=loc, evidence={"autocast_device_type": other, "model_device_type": dev, "forwards": n},
+        )
+    used_autocast = sum(f.autocast.values()) > 0 or sum(f.half_params.values()) > 0
+    scalers = [info for info in ctx.scalers.enabled_infos() if info.used]
+    if scalers and f.total and not used_autocast and not ctx.ledger.has("AUTOCAST_INACTIVE"):
+        info = scalers[0]
+        ctx.ledger.add(
+            "AUTOCAST_INACTIVE", key="scaler_without_autocast",
+            message=(f"a GradScaler (created at {info.location}) scales the loss, but none of the {f.total} "
+                     "forward passes ran under autocast: the model trains in fp32 and pays for loss scaling "
+                     "for nothing"),
+            fix="wrap the forward and the loss in `with torch.autocast(device_type=..., dtype=torch.float16):` "
+                "(check its `enabled=` argument), or drop the GradScaler for fp32 training",
+            location=info.location, evidence={"forwards": f.total},
+        )
+    if intended and f.total and not used_autocast and not ctx.ledger.has("AUTOCAST_INACTIVE"):
+        ctx.ledger.add(
+            "AUTOCAST_INACTIVE", key="intended", severity="info",
+            message=(f"--precision {intended} was asked for, but no forward of the script ran under autocast "
+                     "(it trains in fp32); the op-level findings show what that precision would do"),
+            fix=f"wrap the forward and the loss in torch.autocast with the {intended} dtype to train in it",
+        )
+
+
+def _scaler_with_bf16(ctx: Context) -> None:
+    for info in ctx.scalers.enabled_infos():
+        if info.saw_bf16 and not info.saw_fp16:
+            ctx.ledger.add(
+                "SCALER_WITH_BF16", key=info.location,
+                message=(f"a GradScaler (created at {info.location}) scales a loss computed under bf16 autocast: "
+                         "bf16 has fp32's exponent range, so gradients do not underflow and scaling only adds "
+                         "work (and skipped steps when the scale overshoots)"),
+                fix="drop the GradScaler for bf16 (`loss.backward(); optimizer.step()`), or pass "
+                    "`enabled=(dtype == torch.float16)`",
+                location=info.location,
+            )
+
+
+def _norm_stats(ctx: Context) -> None:
+    for name, (it, count, after_skip) in ctx.norm_bad.items():
+        ctx.ledger.add(
+            "NORM_STATS_NONFINITE", key=name, module=name,
+            message=(f"the running statistics of {name} hold {count} non-finite values (first seen at step {it}"
+                     f"{', right after a skipped step' if after_skip else ''}): every eval-mode forward through "
+                     "it now returns NaN. A skipped optimizer step does not undo the running-stat update of its "
+                     "forward, so one overflowing batch corrupts them for good"),
+            fix=(f"keep {name} (and the op feeding it) in fp32, normalise the inputs, and repair the stats: "
+                 f"`model.{name}.reset_running_stats()` then a few train-mode forwards on clean batches"),
+            step=it, evidence={"nonfinite": count, "after_skipped_step": after_skip},
+        )
+
+
+@functools.cache
+def slow_low_precision(name: str, device: str) -> Finding | None:
+    """SLOW_LOW_PRECISION for ``name`` on ``device``, measured once per process (about 1 s on a CPU
+    without fp16 units; 512x512 matmuls: small ones are dominated by overheads)."""
+    return low_precision_speed(name, device, n=512, rounds=3)
+
+
+def _slow_low_precision(ctx: Context) -> None:
+    f = ctx.forwards
+    used = {d for d, n in (f.autocast + f.half_params).items() if n and d in (torch.float16, torch.bfloat16)}
+    for device in sorted(f.devices):
+        for dtype in sorted(used, key=str):
+            finding = slow_low_precision(dtype_name(dtype), device)
+            if finding is not None:
+                ctx.ledger.add(finding.code, key=(device, dtype), message=finding.message, fix=finding.fix,
+                               evidence=finding.evidence)

@@ -1,0 +1,380 @@
+"""``ampkit doctor SCRIPT``: run an unmodified training script under observation.
+
+The script runs as ``__main__`` the way ``coverage run`` runs it: ``runpy.run_path`` with
+``sys.argv = [SCRIPT, *ARGS]`` and ``sys.path[0]`` set to the script's folder (``-m``:
+``runpy.run_module`` with ``sys.path[0]`` the working directory).  Before it starts, the
+watchers (``ampkit.diagnose.script.watchers``, behind ``script.context``) wrap autocast, GradScaler, backward, optimizers, LR
+schedulers, gradient clipping and ``torch.save``/``torch.load``, and hook the models the script
+calls; afterwards everything is restored, also when the script crashed.
+
+During the run, a step that the GradScaler skips, or whose loss or gradients are non-finite,
+is replayed op by op (``script.replay``) right away, while the model still holds that step's
+weights: the first failure of each cause (gradient overflows, usually ordinary dynamic
+scaling, at their 1st, 4th and 16th occurrence until one is an error), at most
+``max_replays``.  When no replay found an error, one *checkup* replays the last captured step
+with the FP32 shadow (precision loss, gradient underflow).  A known exception is explained
+with the user's line; when it was raised inside a model's forward, that forward is replayed
+to name the op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import runpy
+import sys
+import traceback
+import types
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ampkit._util.frames import UserFrames
+from ampkit.diagnose.core.display import sort_findings
+from ampkit.diagnose.script.context import Context, Failure
+from ampkit.diagnose.script.errors import explain_exception
+from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.replay import replay_capture, replay_precision
+from ampkit.diagnose.script.rules import finalize
+from ampkit.diagnose.script.state import Sampler
+from ampkit.diagnose.script.watchers.model import Capture
+from ampkit.diagnose.step.result import SCHEMA, DiagnosisResult
+from ampkit.findings import Finding
+
+__all__ = ["ScriptReport", "merge_replayed_findings", "run_script"]
+
+
+@dataclass
+class ScriptReport:
+    """What ``run_script`` observed; ``to_json()`` is the ``ampkit.doctor/1`` document."""
+
+    script: str
+    argv: list[str]
+    findings: list[Finding]
+    """Process-level and op-level findings, merged, worst first."""
+    diagnoses: list[DiagnosisResult] = field(default_factory=list)
+    """The op-level replays (failures first, then the checkup)."""
+    exit_status: int = 0
+    """The script's own exit status (1 for an uncaught exception)."""
+    steps: int = 0
+    """Optimizer steps observed (skipped ones included)."""
+    replays: list[dict[str, Any]] = field(default_factory=list)
+    device: str | None = None
+    """The device the observed models ran on."""
+    scalers: list[dict[str, Any]] = field(default_factory=list)
+    """Per enabled GradScaler: where it was created, its scale trajectory summary, skipped steps."""
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+    def environment(self) -> dict[str, Any]:
+        from ampkit.env import collect_environment
+
+        env = collect_environment(self.device)
+        env.update({"script": self.script, "argv": self.argv, "exit_status": self.exit_status, "steps": self.steps,
+                    "replays": self.replays, "scalers": self.scalers})
+        return env
+
+    def result(self) -> DiagnosisResult:
+        """One ``DiagnosisResult`` for the HTML page: merged findings, headroom of the first replay."""
+        first = self.diagnoses[0] if self.diagnoses else None
+        if first is None:
+            return DiagnosisResult(findings=self.findings, environment=self.environment())
+        return dataclasses.replace(first, findings=self.findings, environment=self.environment())
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.result().to_json(self.environment())
+        doc["schema"] = SCHEMA
+        return doc
+
+
+def merge_replayed_findings(process: list[Finding], replayed: list[Finding]) -> list[Finding]:
+    """Process-level findings plus op-level ones; one finding per code and module.
+
+    An op-level finding supersedes a process-level one of the same code when their modules
+    agree or one of them names none: it keeps the op and module, takes the process finding's
+    location if it has none, and merges the evidence.
+    """
+    out = list(process)
+    for f in replayed:
+        twin = next((i for i, p in enumerate(out) if p.code == f.code
+                     and (p.module is None or f.module is None or p.module == f.module)), None)
+        if twin is None:
+            if not any(p.code == f.code and p.module == f.module and p.op == f.op for p in out):
+                out.append(f)
+            continue
+        p = out[twin]
+        if p.op is not None and f.op is None:
+            continue  # already op-level
+        out[twin] = dataclasses.replace(
+            f, location=f.location or p.location, module=f.module or p.module,
+            evidence={**p.evidence, **f.evidence}, step=f.step if f.step is not None else p.step,
+        )
+    return sort_findings(out)
+
+
+class _Runner:
+    def __init__(self, target: str, args: Sequence[str], *, module: bool, intended: str | None, replay: bool,
+                 checkup: bool, bisect: bool, max_replays: int, sampler: Sampler | None, measure_speed: bool):
+        self.target, self.args, self.module = target, list(args), module
+        self.intended, self.replay, self.checkup, self.bisect = intended, replay, checkup, bisect
+        self.max_replays, self.measure_speed = max_replays, measure_speed
+        if module:
+            self.path = None
+            root = Path.cwd()
+        else:
+            self.path = Path(target).resolve()
+            root = self.path.parent
+        # Only the script's own folder: the working directory often holds a virtualenv.
+        self.user_paths = [str(root)]
+        self.code = UserFrames(self.user_paths)
+        self.ctx = Context(self.code, on_failure=self._on_failure, sampler=sampler)
+        self.diagnoses: list[DiagnosisResult] = []
+        self.replays: list[dict[str, Any]] = []
+        self.explained: list[Finding] = []
+        self._causes: dict[str, int] = {}
+        self._replayed_roots: list[torch.nn.Module] = []
+        self._settled: set[str] = set()
+
+    # -- replays -------------------------------------------------------------------------------
+    def _replay(self, cap: Capture, why: str, step: int | None) -> DiagnosisResult | None:
+        if not self.replay or (len(self.diagnoses) >= self.max_replays and why != "checkup"):
+            return None
+        with self.ctx.pause():
+            try:
+                result = replay_capture(cap, intended=self.intended, step=step, user_paths=self.user_paths,
+                                        bisect=self.bisect)
+            except Exception as exc:  # a replay must never take the user's run down
+                self.replays.append({"why": why, "step": step, "error": f"{type(exc).__name__}: {exc}"})
+                print(f"ampkit doctor: could not replay step {step} ({why}): {type(exc).__name__}: {exc}",
+                      file=sys.stderr)
+                return None
+        if result is None:
+            return None
+        self.diagnoses.append(result)
+        self._replayed_roots.append(cap.root)
+        self.replays.append({"why": why, "step": step, "precision": result.precision,
+                             "findings": [f.code for f in result.findings], "keep_fp32": result.keep_fp32})
+        return result
+
+    def _on_failure(self, failure: Failure) -> None:
+        """Replay the first failure of each cause.  Gradient overflows are replayed at their 1st, 4th
+        and 16th occurrence until one is an error: early ones are usually ordinary dynamic scaling."""
+        caps = [c for c in failure.captures if replay_precision(c, self.intended) is not None]
+        seen = self._causes[failure.cause] = self._causes.get(failure.cause, 0) + 1
+        if not caps or failure.cause in self._settled:
+            return  # nothing ran in low precision: not a mixed-precision failure
+        if failure.cause == "gradient_overflow" and seen not in (1, 4, 16):
+            return
+        cap = self._pick(caps, failure)
+        if cap is None:
+            return
+        result = self._replay(cap, f"{failure.kind}:{failure.cause}", failure.iteration)
+        if result is not None and failure.cause in ("gradient_overflow", "nonfinite_loss"):
+            codes = {f.code for f in result.findings if f.severity == "error"}
+            if codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW"}:
+                self.ctx.reclassify(failure.iteration, "nonfinite_loss" if failure.cause == "nonfinite_loss"
+                                    else "nonfinite_forward")
+        if failure.cause != "gradient_overflow" or (result is not None and result.has_errors):
+            self._settled.add(failure.cause)
+
+    def _pick(self, caps: list[Capture], failure: Failure) -> Capture | None:
+        """The captured forward whose replay can show the failure, or None when it lies outside every model.
+
+        * non-finite data: the forward that received it;
+        * non-finite loss: the forward whose output is non-finite; when all outputs are finite the
+          loss code between the models and the loss produced it (a process-level finding);
+        * gradient overflow: a forward whose output and incoming gradient are finite (the overflow
+          is inside it); when every incoming gradient is non-finite, the overflow happened between
+          the outputs and the loss, in code no replay of a model can show.
+        """
+        if failure.cause == "nonfinite_data":
+            return next((c for c in reversed(caps) if any(not bool(torch.isfinite(x).all())
+                                                          for x in c.float_inputs())), caps[-1])
+        if failure.cause == "nonfinite_loss":
+            bad = next((c for c in reversed(caps) if not c.outputs_finite()), None)
+            if bad is None:
+                self._loss_code_nonfinite(caps[-1], failure)
+            return bad
+        if failure.cause == "gradient_overflow":
+            ok = [c for c in reversed(caps) if c.outputs_finite() and c.grads_finite() is not False]
+            if ok:
+                return ok[0]
+            self._boundary_overflow(caps[-1], failure)
+            return None
+        return None
+
+    def _loss_code_nonfinite(self, cap: Capture, failure: Failure) -> None:
+        label = self.ctx.models.label(cap.root)
+        loss = cap.loss
+        nan = loss is not None and bool(torch.isnan(loss).any())
+        self.ctx.ledger.add(
+            "FORWARD_NAN" if nan else "FORWARD_OVERFLOW", key=("loss-code", label),
+            message=(f"the loss became {'NaN' if nan else 'inf'} at step {failure.iteration} although the outputs of "
+                     f"{label} were finite: the op that produced it runs between the model and the loss (the loss "
+                     "function or a post-processing step), in low precision"),
+            fix="compute the loss from fp32 values: `loss_fn(output.float(), target)`, and guard log/div/exp "
+                "against zero and huge inputs",
+            location=cap.location, step=failure.iteration,
+        )
+
+    def _boundary_overflow(self, cap: Capture, failure: Failure) -> None:
+        label = self.ctx.models.label(cap.root)
+        self.ctx.boundary_overflows.append(failure.iteration)
+        self.ctx.note_location("boundary_overflow", cap.location)
+        self.ctx.note_location("boundary_model", label)
+
+    # -- the run -------------------------------------------------------------------------------
+    @contextmanager
+    def _as_main(self) -> Iterator[None]:
+        argv, path0 = sys.argv[:], sys.path[0] if sys.path else None
+        main = sys.modules.get("__main__")
+        sys.argv = [str(self.path) if self.path else self.target, *self.args]
+        root = str(self.path.parent) if self.path else os.getcwd()
+        if sys.path:
+            sys.path[0] = root
+        else:
+            sys.path.append(root)
+        try:
+            yield
+        finally:
+            sys.argv = argv
+            if path0 is not None:
+                sys.path[0] = path0
+            if main is not None:
+                sys.modules["__main__"] = main
+
+    def run(self) -> ScriptReport:
+        patches = PatchSet()
+        status = 0
+        crash: BaseException | None = None
+        try:
+            self.ctx.install(patches)
+        except BaseException:
+            patches.restore()
+            raise
+        try:
+            with self._as_main():
+                if self.module:
+                    runpy.run_module(self.target, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(str(self.path), run_name="__main__")
+        except SystemExit as exc:
+            status = _exit_status(exc.code)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            status, crash = 1, exc
+        finally:
+            patches.restore()
+        if crash is not None:
+            self._explain(crash)
+        finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed)
+        if self.checkup and not any(d.has_errors for d in self.diagnoses) and self.ctx.models.last is not None:
+            self._replay(self.ctx.models.last, "checkup", self.ctx.models.last.step)
+        models = self.ctx.models
+        replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
+                    for d, root in zip(self.diagnoses, self._replayed_roots) for f in d.findings]
+        findings = _with_verified_fix(merge_replayed_findings(self.ctx.ledger.findings() + self.explained, replayed),
+                                      self.diagnoses)
+        return ScriptReport(
+            script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
+            diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.iteration, replays=self.replays,
+            device=str(self.ctx.models.last.device) if self.ctx.models.last is not None else None,
+            scalers=self._scaler_summary(),
+        )
+
+    def _scaler_summary(self) -> list[dict[str, Any]]:
+        out = []
+        for info in self.ctx.scalers.enabled_infos():
+            scales = [s for _, s in info.scales]
+            out.append({"created_at": info.location, "init_scale": info.init_scale, "updates": len(scales),
+                        "final_scale": scales[-1] if scales else None, "min_scale": min(scales) if scales else None,
+                        "skipped_steps": sorted(self.ctx.skips)[:64], "skipped": len(self.ctx.skips)})
+        return out
+
+    def _explain(self, exc: BaseException) -> None:
+        names = self.ctx.models.named_modules()
+        explained = bool(getattr(exc, "_ampkit_explained", False))
+        if not explained:
+            finding = explain_exception(exc, self.code, names, step=self.ctx.iteration)
+            if finding is not None:
+                self.explained.append(finding)
+                explained = True
+        if explained:
+            print(f"ampkit doctor: the script raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                  " (explained below)", file=sys.stderr)
+            last = self.ctx.models.last
+            if last is not None and _raised_inside(exc.__traceback__, last.root):
+                self._replay(last, "exception", self.ctx.iteration)
+        else:
+            _print_user_traceback(exc, self.code)
+
+
+def _with_verified_fix(findings: list[Finding], diagnoses: list[DiagnosisResult]) -> list[Finding]:
+    """Point SCALE_COLLAPSE at the verified keep-fp32 set when a replay found one."""
+    keep = next((d.keep_fp32 for d in diagnoses if d.keep_fp32), None)
+    if keep is None:
+        return findings
+    return [dataclasses.replace(f, fix=f"{f.fix}. Verified on the replayed step: "
+                                       f"MixedPrecision(..., keep_fp32={keep!r}) makes it finite",
+                                evidence={**f.evidence, "keep_fp32": keep})
+            if f.code == "SCALE_COLLAPSE" else f for f in findings]
+
+
+def _raised_inside(tb: types.TracebackType | None, root: Any) -> bool:
+    while tb is not None:
+        if tb.tb_frame.f_locals.get("self") is root:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _exit_status(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_user_traceback(exc: BaseException, code: UserFrames) -> None:
+    """Print the traceback as Python would for the script: from its first user frame on."""
+    tb = exc.__traceback__
+    while tb is not None and not code.is_user(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+
+
+def run_script(
+    target: str | os.PathLike[str], args: Sequence[str] = (), *, module: bool = False, precision: str | None = None,
+    replay: bool = True, checkup: bool = True, bisect: bool = True, max_replays: int = 3,
+    sampler: Sampler | None = None, measure_speed: bool = True,
+) -> ScriptReport:
+    """Run a training script as ``__main__`` under the doctor's watchers and return the findings.
+
+    Args:
+        target: the script's path (or, with ``module=True``, a module name as for ``python -m``).
+        args: the script's own arguments (``sys.argv[1:]`` inside it).
+        precision: the precision the op-level checkup uses when the script itself never enables
+            autocast (``fp16``/``bf16``); ignored for steps that ran under autocast.
+        replay: replay failing steps op by op; ``checkup``: replay one healthy step when none failed.
+        bisect: search the minimal keep-fp32 set during replays.
+        max_replays: at most this many op-level replays per run.
+        sampler: which iterations are observed densely (``ampkit.diagnose.script.state.Sampler``).
+        measure_speed: measure matmul throughput for SLOW_LOW_PRECISION (about 0.2 s once per process).
+
+    Raises:
+        FileNotFoundError: ``target`` is not an existing file (``module=False``).
+    """
+    if not module and not Path(target).is_file():
+        raise FileNotFoundError(f"no such script: {os.fspath(target)!r}")
+    runner = _Runner(os.fspath(target), args, module=module, intended=precision, replay=replay, checkup=checkup,
+                     bisect=bisect, max_replays=max_replays, sampler=sampler, measure_speed=measure_speed)
+    return runner.run()

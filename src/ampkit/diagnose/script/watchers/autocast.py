@@ -1,0 +1,121 @@
+"""The autocast watcher: ``torch.autocast`` regions (the scope of autocast's weight-cast cache)
+and STALE_WEIGHT_CACHE, a forward inside a region in which an optimizer already stepped.
+
+Each wrapper does a little Python bookkeeping and calls the original."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.script.patches import PatchSet
+
+if TYPE_CHECKING:
+    from ampkit.diagnose.script.state import WatchState
+    from ampkit.diagnose.script.watchers.model import Capture
+
+__all__ = ["AutocastRequest", "AutocastWatch"]
+
+@dataclass
+class AutocastRequest:
+    device_type: str
+    dtype: torch.dtype
+    requested: bool
+    effective: bool
+    location: str | None
+    entered: int = 0
+
+
+class AutocastWatch:
+    """Autocast regions (outermost ``with`` blocks, the scope of autocast's weight-cast cache)."""
+
+    def __init__(self, state: WatchState) -> None:
+        self.state = state
+        self.depth = 0
+        self.region = 0
+        self.region_location: str | None = None
+        self.region_stepped: str | None = None
+        """Where an optimizer stepped inside the current region (its cached casts are stale)."""
+        self.requests: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
+
+    def install(self, patches: PatchSet) -> None:
+        cls = torch.amp.autocast_mode.autocast
+        patches.wrap(cls, "__init__", self._wrap_init)
+        patches.wrap(cls, "__enter__", self._wrap_enter)
+        patches.wrap(cls, "__exit__", self._wrap_exit)
+
+    def _wrap_init(self, orig: Callable[..., None]) -> Callable[..., None]:
+        code = self.state.frames
+
+        def __init__(ac: Any, *args: Any, **kwargs: Any) -> None:
+            device = kwargs.get("device_type", args[0] if args else None)
+            if device == "cuda" and not torch.cuda.is_available():
+                code.call(orig, ac, *args, **kwargs)  # torch warns: keep the warning on the user's line
+            else:
+                orig(ac, *args, **kwargs)
+            if self.state.paused:
+                return
+            requested = kwargs.get("enabled", args[2] if len(args) > 2 else True)
+            ac._ampkit_requested = bool(requested)
+            ac._ampkit_location = code.caller()
+        return __init__
+
+    def _wrap_enter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def __enter__(ac: Any) -> Any:
+            out = orig(ac)
+            if self.state.paused:
+                ac._ampkit_paused = True
+                return out
+            self.depth += 1
+            if self.depth == 1:
+                self.region += 1
+                self.region_stepped = None
+                self.region_location = getattr(ac, "_ampkit_location", None)
+            loc = getattr(ac, "_ampkit_location", None)
+            key = (loc, str(ac.device), ac.fast_dtype)
+            req = self.requests.get(key)
+            if req is None:
+                req = self.requests[key] = AutocastRequest(
+                    device_type=str(ac.device), dtype=ac.fast_dtype,
+                    requested=getattr(ac, "_ampkit_requested", bool(ac._enabled)), effective=bool(ac._enabled),
+                    location=loc,
+                )
+            req.entered += 1
+            return out
+        return __enter__
+
+    def _wrap_exit(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def __exit__(ac: Any, *exc: Any) -> Any:
+            try:
+                return orig(ac, *exc)
+            finally:
+                if not getattr(ac, "_ampkit_paused", False):
+                    self.depth = max(0, self.depth - 1)
+        return __exit__
+
+    def any_enabled(self) -> bool:
+        return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda") if torch.amp.is_autocast_available(d))
+
+    def on_root_forward(self, cap: Capture) -> None:
+        """STALE_WEIGHT_CACHE: a forward inside the region in which an optimizer already stepped."""
+        if self.region_stepped is None or not cap.autocast_enabled or not torch.is_autocast_cache_enabled():
+            return
+        self.state.ledger.add(
+            "STALE_WEIGHT_CACHE", key=self.region_location,
+            message=(
+                f"the optimizer stepped at {self.region_stepped} inside the autocast region opened at "
+                f"{self.region_location}, and the model ran forward again in the same region: autocast "
+                f"caches the {dtype_name(cap.autocast_dtype)} copy of each weight for the whole region, so "
+                "this forward used the weights from before the update"
+            ),
+            fix=(
+                "open the autocast region per step, around the forward and the loss only: "
+                "`with torch.autocast(...): loss = ...` then backward, optimizer step and zero_grad outside it"
+            ),
+            location=self.state.frames.caller(), step=self.state.iteration,
+            evidence={"region_opened_at": self.region_location, "optimizer_step_at": self.region_stepped},
+        )

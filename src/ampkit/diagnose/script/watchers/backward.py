@@ -1,0 +1,99 @@
+"""The backward watcher: ``torch.autograd.backward`` (which ``Tensor.backward`` calls) — the loss
+dtype (LOSS_IN_LOW_PRECISION), loss scaling (NO_LOSS_SCALING) and the loss's finiteness."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.script.patches import PatchSet
+
+if TYPE_CHECKING:
+    from ampkit.diagnose.script.state import WatchState
+    from ampkit.diagnose.script.watchers.scaler import ScalerWatch
+
+__all__ = ["BackwardWatch"]
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+class BackwardWatch:
+    """``torch.autograd.backward`` (which ``Tensor.backward`` calls): loss dtype, scaling, finiteness."""
+
+    def __init__(self, state: WatchState) -> None:
+        self.state = state
+        self.scalers: ScalerWatch
+        """Set by the context once built (the scaler watcher consults this one too)."""
+        self.calls = 0
+        self.since_update = 0
+        self.fp16_unscaled: list[int] = []
+        self._pending_loss: torch.Tensor | None = None
+        self._scaled_now = False
+
+    def install(self, patches: PatchSet) -> None:
+        patches.wrap(torch.autograd, "backward", self._wrap_backward)
+
+    def _wrap_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.state.paused:
+                return orig(tensors, *args, **kwargs)
+            flat = [tensors] if isinstance(tensors, torch.Tensor) else [t for t in tensors if t is not None]
+            if not flat:
+                return orig(tensors, *args, **kwargs)
+            self.before(flat)
+            out = orig(tensors, *args, **kwargs)
+            self.after(flat)
+            return out
+        return backward
+
+    def before(self, flat: list[torch.Tensor]) -> None:
+        self.calls += 1
+        self.since_update += 1
+        scaled = self.scalers.scaled_source(flat[0])
+        window = [c for c in self.state.models.captures if c.loss is None]
+        low = {c.low_precision for c in window} - {None}
+        loss = scaled.loss if scaled is not None else flat[0]
+        self._scaled_now = scaled is not None and scaled.enabled and scaled.kind == "torch"
+        self.state.models.on_backward(flat, loss, scaled.scale if scaled is not None and scaled.enabled else None)
+        if torch.float16 in low and (scaled is None or not scaled.enabled):
+            self.fp16_unscaled.append(self.state.iteration)
+            self.state.ledger.add(
+                "NO_LOSS_SCALING", key="backward",
+                message=(
+                    "backward ran on a loss whose forward computed in fp16 without loss scaling: gradients "
+                    "smaller than 2^-24 (6e-8) flush to zero in fp16, so small updates vanish silently"
+                ),
+                fix=(
+                    "scale the loss: `scaler = torch.amp.GradScaler(device)`, `scaler.scale(loss).backward()`, "
+                    "`scaler.step(optimizer)`, `scaler.update()` (or use ampkit.MixedPrecision('fp16')), "
+                    "or train in bf16, which needs no scaling"
+                ),
+                location=self.state.frames.caller(), step=self.state.iteration,
+            )
+        if loss.numel() == 1 and loss.dtype in _LOW:
+            location = self.state.frames.caller()
+            self.state.ledger.add(
+                "LOSS_IN_LOW_PRECISION", key=location,
+                message=(
+                    f"the loss is a {dtype_name(loss.dtype)} scalar: it carries "
+                    f"{'11' if loss.dtype == torch.float16 else '8'} significant bits, its reduction rounded "
+                    "every partial sum, and under loss scaling loss × scale can overflow"
+                ),
+                fix="compute the loss in fp32: call .float() on the model output before the loss, e.g. "
+                    "`loss = F.mse_loss(pred.float(), target)`",
+                location=location, step=self.state.iteration,
+                evidence={"loss_dtype": dtype_name(loss.dtype)},
+            )
+        self._pending_loss = loss
+
+    def after(self, flat: list[torch.Tensor]) -> None:
+        loss = self._pending_loss if self._pending_loss is not None else flat[0]
+        self._pending_loss = None
+        if self._scaled_now:
+            return  # a GradScaler guards this step: a skip triggers the diagnosis (and reads the loss then)
+        it = self.state.iteration
+        bad = (~torch.isfinite(loss.detach())).any()
+        self.state.pending.read(bad, lambda v: self.state.signals.on_loss(it, v > 0))

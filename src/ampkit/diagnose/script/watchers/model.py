@@ -1,0 +1,390 @@
+"""The model watcher: find the user's models, capture each forward's batch and the gradient that
+flowed back into its output, and check normalisation statistics.
+
+Costs, per forward of a model (a *root*: a module called while no observed module is running):
+one pre-hook and one post-hook call, a copy of the CPU RNG state (about 5 KB), and one
+``register_hook`` per output tensor.  The gradient reaching the output is kept by reference
+until the optimizer step (memory: one output-sized tensor per micro-batch, capped by
+``grad_capture_numel``).  Global module hooks, which put *every* module call on torch's slow
+path, are switched on only for sampled steps to discover models; in between, only the roots
+carry hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ampkit._util.autograd import sole_cast_consumers
+
+__all__ = ["Capture", "ModelWatch"]
+
+_AUTOCAST_DEVICES = tuple(d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d))
+_LOW = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Capture:
+    """One forward call of a root model, enough to replay it."""
+
+    root: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    step: int
+    device: torch.device
+    param_dtype: torch.dtype | None
+    autocast_enabled: bool
+    """Autocast was on for the model's own device type during this forward."""
+    autocast_dtype: torch.dtype
+    other_autocast: tuple[str, ...]
+    """Device types with autocast on while the model's own device type had it off."""
+    rng_cpu: torch.Tensor
+    rng_device: torch.Tensor | None = None
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    """The floating outputs that require grad, detached (holding them keeps no graph alive)."""
+    grad_fns: list[Any] = field(default_factory=list)
+    """Their autograd nodes, kept only until their backward (or the model's next forward)."""
+    grads: list[torch.Tensor | None] = field(default_factory=list)
+    """Gradient flowing into each output during the user's backward (as autograd delivered it)."""
+    grads_fp32: list[torch.Tensor | None] = field(default_factory=list)
+    """The same gradient before a cast to the output's low-precision dtype, when a cast consumed it."""
+    location: str | None = None
+    """The user's line that called the model."""
+    running_before: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+    """(running-stat buffers, their values before this forward)."""
+    loss: torch.Tensor | None = None
+    """The unscaled loss the user backpropagated after this forward."""
+    scale: torch.Tensor | None = None
+    """The loss scale of that backward (a copy), or None when the loss was not scaled."""
+
+    @property
+    def low_precision(self) -> torch.dtype | None:
+        """The low-precision dtype this forward ran in (autocast or half parameters), or None."""
+        if self.autocast_enabled and self.autocast_dtype in _LOW:
+            return self.autocast_dtype
+        return self.param_dtype if self.param_dtype in _LOW else None
+
+    def outputs_finite(self) -> bool:
+        """Whether every captured output is finite (a host read: failure path only)."""
+        return all(bool(torch.isfinite(o.detach()).all()) for o in self.outputs)
+
+    def grads_finite(self) -> bool | None:
+        """Whether the gradients that reached the outputs are finite (pre-cast ones where kept); None
+        when no gradient was captured.  A host read: failure path only."""
+        grads = [g32 if g32 is not None else g for g, g32 in zip(self.grads, self.grads_fp32)
+                 if (g32 if g32 is not None else g) is not None]
+        if not grads:
+            return None
+        return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+
+    @contextlib.contextmanager
+    def running_stats_before(self) -> Iterator[None]:
+        """Temporarily put the model's running statistics back to their values before this forward."""
+        if self.running_before is None:
+            yield
+            return
+        buffers, before = self.running_before
+        now = torch._foreach_mul(buffers, 1.0)
+        with torch.no_grad():
+            torch._foreach_copy_(buffers, before)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(buffers, now)
+
+    def float_inputs(self) -> Iterator[torch.Tensor]:
+        leaves, _ = tree_flatten((self.args, self.kwargs))
+        for x in leaves:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                yield x
+
+
+@dataclass
+class _Root:
+    model: nn.Module
+    """Held strongly until the doctor's report is built (the script's namespace is gone by then)."""
+    device: torch.device
+    param_dtype: torch.dtype | None
+    handles: list[Any]
+    label: str
+    """The name the script gives the model (its variable), else its class name."""
+    running: list[torch.Tensor]
+    """Its normalisation layers' running statistics (snapshotted before each forward)."""
+
+
+class ModelWatch:
+    """Roots, their captures for the current optimizer window, and norm-statistics checks.
+
+    ``on_root_forward(capture)`` is called for every root forward (the AMP observer checks the
+    autocast state there); ``max_captures`` bounds how many micro-batches of one window are kept.
+    """
+
+    def __init__(self, *, on_root_forward: Callable[[Capture], None], locate: Callable[[], str | None],
+                 user_frame: Callable[[], types.FrameType | None] = lambda: None,
+                 max_captures: int = 8, grad_capture_numel: int = 1 << 24) -> None:
+        self._locate = locate
+        self._user_frame = user_frame
+        self._on_root_forward = on_root_forward
+        self.max_captures = max_captures
+        self.grad_capture_numel = grad_capture_numel
+        self.roots: dict[int, _Root] = {}
+        self.captures: list[Capture] = []
+        """Forwards of the current optimizer window (cleared by ``new_window``)."""
+        self.last: Capture | None = None
+        self._stack: list[nn.Module] = []
+        self._global: list[Any] = []
+        self._pending: Capture | None = None
+        self.step = 0
+        self.paused = False
+        """True while the doctor itself runs models (replays): its hooks then do nothing."""
+
+    # -- installation ----------------------------------------------------------------------
+    def set_discovery(self, on: bool) -> None:
+        """Switch the global module hooks (every module call) on or off; only between forwards."""
+        if self._stack or on == bool(self._global):
+            return
+        if on:
+            self._global = [
+                nn.modules.module.register_module_forward_pre_hook(self._global_pre),
+                nn.modules.module.register_module_forward_hook(self._global_post, with_kwargs=True,
+                                                               always_call=True),
+            ]
+        else:
+            for h in self._global:
+                h.remove()
+            self._global = []
+
+    def remove(self) -> None:
+        self._stack.clear()
+        self.set_discovery(False)
+        for root in self.roots.values():
+            for h in root.handles:
+                h.remove()
+            root.handles = []
+
+    def models(self) -> list[nn.Module]:
+        return [r.model for r in self.roots.values()]
+
+    def named_modules(self) -> dict[int, str]:
+        """``id(module) -> dotted name``: ``model.named_modules()`` names when the script has one model
+        (``""`` is the model itself); with several, prefixed by each model's label (``critic.0``)."""
+        names: dict[int, str] = {}
+        for root in self.roots.values():
+            for name, mod in root.model.named_modules():
+                names.setdefault(id(mod), self._qualified(root.model, name))
+        return names
+
+    def qualify(self, root: nn.Module, name: str | None) -> str | None:
+        """A module name relative to ``root``, as reported (see ``named_modules``)."""
+        return None if name is None else self._qualified(root, name)
+
+    def _qualified(self, root: nn.Module, name: str) -> str:
+        if len(self.roots) <= 1:
+            return name
+        label = self.label(root)
+        return f"{label}.{name}" if name else label
+
+    def label(self, module: nn.Module) -> str:
+        root = self.roots.get(id(module))
+        return root.label if root is not None else type(module).__name__
+
+    def param_names(self) -> dict[int, str]:
+        names: dict[int, str] = {}
+        for model in self.models():
+            for name, p in model.named_parameters():
+                names.setdefault(id(p), name)
+        return names
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _global_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        # Inside a torch.compile region the hooks are traced, not run: they must be no-ops there
+        # (the compiled module's own call, which runs eagerly, is the one observed).
+        if torch.compiler.is_compiling() or self.paused or id(module) in self.roots:
+            return  # its own hooks run
+        if not self._stack:
+            if next(module.parameters(), None) is None:
+                return  # a loss module or a container without weights is not a model
+            self._add_root(module)
+            self._root_pre(module, args)
+            return
+        self._stack.append(module)
+
+    def _global_post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+        # (kwargs, out) normally; torch passes only (out) when the forward raised.
+        if torch.compiler.is_compiling() or self.paused or id(module) in self.roots:
+            return
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+
+    def _add_root(self, module: nn.Module) -> None:
+        device, dtype = _device_and_dtype(module)
+        handles = [
+            module.register_forward_pre_hook(self._root_pre),
+            module.register_forward_hook(self._root_post, with_kwargs=True, always_call=True),
+        ]
+        self.roots[id(module)] = _Root(module, device, dtype, handles, self._label(module), _running_stats(module))
+
+    def _label(self, module: nn.Module) -> str:
+        """How the script names ``module``: the variable holding it (``model``), or the attribute path
+        from a variable holding a parent (``model.image_proj``); else its class name.  One stack walk
+        and one ``named_modules`` per candidate parent, once per root."""
+        frame = self._user_frame()
+        while frame is not None:
+            scopes = (frame.f_locals, frame.f_globals)
+            for scope in scopes:
+                for name, value in list(scope.items()):
+                    if value is module and not name.startswith("_") and name != "self":
+                        return str(name)
+            for scope in scopes:
+                for name, value in list(scope.items()):
+                    if isinstance(value, nn.Module) and not name.startswith("_") and name != "self":
+                        for path, sub in value.named_modules():
+                            if sub is module and path:
+                                return f"{name}.{path}"
+            frame = frame.f_back
+        return type(module).__name__
+
+    def refresh_roots(self) -> None:
+        """Re-read each root's device and parameter dtype (after ``model.to(...)`` / ``.half()``)."""
+        for root in self.roots.values():
+            root.device, root.param_dtype = _device_and_dtype(root.model)
+            root.running = _running_stats(root.model)
+
+    def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if torch.compiler.is_compiling() or self.paused:
+            return
+        if self._stack:
+            self._stack.append(module)
+            return
+        self._stack.append(module)
+        root = self.roots.get(id(module))
+        if root is None:  # pragma: no cover - hooks are only on known roots
+            return
+        dev = root.device.type
+        enabled = dev in _AUTOCAST_DEVICES and torch.is_autocast_enabled(dev)
+        others = () if enabled else tuple(d for d in _AUTOCAST_DEVICES if d != dev and torch.is_autocast_enabled(d))
+        rng_dev = torch.cuda.get_rng_state(root.device) if dev == "cuda" else None
+        cap = Capture(
+            root=module, args=(), kwargs={}, step=self.step, device=root.device, param_dtype=root.param_dtype,
+            autocast_enabled=enabled,
+            autocast_dtype=torch.get_autocast_dtype(dev) if dev in _AUTOCAST_DEVICES else torch.float32,
+            other_autocast=others, rng_cpu=torch.get_rng_state(), rng_device=rng_dev, location=self._locate(),
+            # A skipped step does not undo its forward's running-stat update; the replay needs the
+            # statistics from before it.  One fused copy (multi-tensor kernel) of the stats buffers.
+            running_before=(root.running, list(torch._foreach_mul(root.running, 1.0))) if root.running else None,
+        )
+        self._pending = cap
+
+    def _root_post(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if torch.compiler.is_compiling() or self.paused or not self._stack or self._stack[-1] is not module:
+            return
+        self._stack.pop()
+        if self._stack:
+            return
+        cap, self._pending = self._pending, None
+        if cap is None or cap.root is not module:
+            return
+        cap.args, cap.kwargs = args, dict(kwargs)
+        leaves, _ = tree_flatten(out)
+        budget = self.grad_capture_numel
+        for x in leaves:
+            if isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point():
+                i = len(cap.outputs)
+                cap.outputs.append(x.detach())
+                cap.grad_fns.append(x.grad_fn)
+                cap.grads.append(None)
+                cap.grads_fp32.append(None)
+                if x.numel() <= budget:
+                    budget -= x.numel()
+                    x.register_hook(_GradSink(cap, i))
+        for old in self.captures:
+            if old.root is module:
+                old.grad_fns = []  # a new micro-batch: do not pin the previous forward's graph
+        if len(self.captures) >= self.max_captures:
+            self.captures.pop(0)
+        self.captures.append(cap)
+        self.last = cap
+        self._on_root_forward(cap)
+
+    # -- backward -----------------------------------------------------------------------------
+    def on_backward(self, tensors: list[torch.Tensor], loss: torch.Tensor, scale: torch.Tensor | None) -> None:
+        """Attach the (unscaled) loss to this window's captures that have none, and hook each cast
+        that is an output's sole consumer on the way from ``tensors``, to keep the pre-cast gradient
+        (``ampkit._util.autograd.sole_cast_consumers``)."""
+        fresh = [c for c in self.captures if c.loss is None]
+        if not fresh or not tensors:
+            return
+        for c in fresh:
+            c.loss = loss.detach()
+            c.scale = scale
+        targets: dict[Any, tuple[Capture, int]] = {}
+        for c in fresh:
+            for i, fn in enumerate(c.grad_fns):
+                if fn is not None:
+                    targets[fn] = (c, i)
+            c.grad_fns = []
+        for out_node, cast in sole_cast_consumers([t.grad_fn for t in tensors], targets).items():
+            cap, i = targets[out_node]
+            cast.register_prehook(_PreCastSink(cap, i))
+
+    def new_window(self) -> None:
+        """The optimizer stepped: the captured batches belong to the past."""
+        self.captures.clear()
+
+    # -- normalisation statistics -----------------------------------------------------------
+    def norm_stats(self) -> list[tuple[nn.Module, torch.Tensor]]:
+        """``(module, non-finite count)`` for every module with running statistics (device scalars)."""
+        out: list[tuple[nn.Module, torch.Tensor]] = []
+        for model in self.models():
+            for mod in model.modules():
+                if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
+                    bufs = [b for b in (mod.running_mean, mod.running_var) if b is not None]
+                    if bufs:
+                        out.append((mod, torch.stack([(~torch.isfinite(b)).sum() for b in bufs]).sum()))
+        return out
+
+
+class _GradSink:
+    __slots__ = ("cap", "i")
+
+    def __init__(self, cap: Capture, i: int) -> None:
+        self.cap, self.i = cap, i
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        self.cap.grads[self.i] = grad
+
+
+class _PreCastSink:
+    __slots__ = ("cap", "i")
+
+    def __init__(self, cap: Capture, i: int) -> None:
+        self.cap, self.i = cap, i
+
+    def __call__(self, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        g = grad_outputs[0] if grad_outputs else None
+        if g is not None:
+            self.cap.grads_fp32[self.i] = g
+
+
+def _running_stats(module: nn.Module) -> list[torch.Tensor]:
+    out = []
+    for mod in module.modules():
+        if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
+            out += [b for b in (mod.running_mean, mod.running_var) if b is not None and b.is_floating_point()]
+    return out
+
+
+def _device_and_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype | None]:
+    for p in module.parameters():
+        return p.device, p.dtype if p.is_floating_point() else None
+    for b in module.buffers():
+        return b.device, None
+    return torch.device("cpu"), None

@@ -1,0 +1,378 @@
+"""The GradScaler watcher: ``torch.amp.GradScaler`` (and ``torch.cuda.amp.GradScaler``, a subclass) and of
+ampkit's own loss scalers: scale trajectory, skipped steps, and the order of
+scale → backward → unscale_ → clip → step → update.
+
+The methods are wrapped on the class, so every import path and subclass is covered.  The
+wrappers read GradScaler's own bookkeeping (``_per_optimizer_states``, ``_scale``) after the
+original ran; they never change what it does.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.script.patches import PatchSet
+
+if TYPE_CHECKING:
+    from ampkit.diagnose.script.state import WatchState
+    from ampkit.diagnose.script.watchers.backward import BackwardWatch
+    from ampkit.diagnose.script.watchers.optim import OptimWatch
+
+__all__ = ["ORDER_FIXES", "ScaledSource", "ScalerInfo", "ScalerWatch"]
+
+_LOW = (torch.float16, torch.bfloat16)
+
+ORDER_FIXES = {
+    "unscale_() has already been called": (
+        "call scaler.unscale_(optimizer) once per optimizer step, after the last backward of the "
+        "accumulation window and before clipping; do not unscale again in logging code"
+    ),
+    "unscale_() is being called after step()": "call scaler.unscale_(optimizer) before scaler.step(optimizer)",
+    "step() has already been called": (
+        "call scaler.step(optimizer) once per optimizer per iteration, then scaler.update() once"
+    ),
+    "No inf checks were recorded for this optimizer": (
+        "the optimizer has no gradients at scaler.step(): backpropagate the scaled loss first "
+        "(`scaler.scale(loss).backward()`) and do not call optimizer.zero_grad() between backward and step"
+    ),
+    "No inf checks were recorded prior to update": (
+        "call scaler.update() only after scaler.step(optimizer) in the same iteration"
+    ),
+    "_scale is None": "call scaler.scale(loss).backward() before scaler.unscale_/step/update",
+}
+
+
+@dataclass
+class ScaledSource:
+    """A tensor returned by a loss scaler's ``scale`` (identity-checked at backward)."""
+
+    tensor: torch.Tensor
+    loss: torch.Tensor
+    scale: torch.Tensor | None
+    enabled: bool
+    kind: str
+    """``torch`` (GradScaler) or ``ampkit`` (MixedPrecision's scaler)."""
+
+
+@dataclass
+class ScalerInfo:
+    location: str | None
+    device: str
+    requested: bool
+    enabled: bool
+    init_scale: float
+    used: int = 0
+    stepped_since_update: bool = False
+    unscaled_since_update: bool = False
+    backward_scaled: bool = False
+    """A backward of a scaled loss ran since the last update (gradients hold loss × scale)."""
+    scales: list[tuple[int, float]] = field(default_factory=list)
+    """(iteration, scale after update)."""
+    state_taken: bool = False
+    state_loaded: bool = False
+    saw_bf16: bool = False
+    saw_fp16: bool = False
+
+
+class ScalerWatch:
+    """GradScaler (torch's and ampkit's): scaling, unscale/step/update order, clipping, skipped steps."""
+
+    def __init__(self, state: WatchState, *, optim: OptimWatch, backward: BackwardWatch) -> None:
+        self.state = state
+        self.optim = optim
+        self.backward = backward
+        self.scalers: weakref.WeakKeyDictionary[Any, ScalerInfo] = weakref.WeakKeyDictionary()
+        self.infos: list[ScalerInfo] = []
+        self.in_step = 0
+        self._scaled: dict[int, ScaledSource] = {}
+        self.scaled_overflow: set[int] = set()
+        """Iterations where loss × scale overflowed the loss's low-precision dtype."""
+        self.ampkit_scaled = 0
+        self.direct_steps = 0
+        """optimizer.step() calls outside scaler.step since the last update."""
+
+    def enabled_scalers(self) -> list[tuple[Any, ScalerInfo]]:
+        """Live enabled scalers (during the run)."""
+        return [(s, i) for s, i in list(self.scalers.items()) if i.enabled]
+
+    def enabled_infos(self) -> list[ScalerInfo]:
+        """Every enabled scaler the run created, also after the script dropped it (end-of-run rules)."""
+        return [i for i in self.infos if i.enabled]
+
+    def _new_info(self, sc: Any, info: ScalerInfo) -> ScalerInfo:
+        self.scalers[sc] = info
+        self.infos.append(info)
+        return info
+
+    def install(self, patches: PatchSet) -> None:
+        gs = torch.amp.grad_scaler.GradScaler
+        patches.wrap(gs, "__init__", self._wrap_init)
+        patches.wrap(gs, "scale", self._wrap_scale)
+        patches.wrap(gs, "unscale_", self._wrap_unscale)
+        patches.wrap(gs, "step", self._wrap_step)
+        patches.wrap(gs, "update", self._wrap_update)
+        patches.wrap(gs, "state_dict", self._wrap_flag("state_taken"))
+        patches.wrap(gs, "load_state_dict", self._wrap_flag("state_loaded"))
+        from ampkit.scaler import LossScaler, StaticLossScaler
+
+        for cls in (LossScaler, StaticLossScaler):
+            patches.wrap(cls, "scale", self._wrap_ampkit_scale)
+
+    def info(self, sc: Any) -> ScalerInfo:
+        info = self.scalers.get(sc)
+        if info is None:
+            info = self._new_info(sc, ScalerInfo(
+                location=None, device=str(getattr(sc, "_device", "cuda")), requested=bool(sc._enabled),
+                enabled=bool(sc._enabled), init_scale=float(getattr(sc, "_init_scale", 0.0)),
+            ))
+        return info
+
+    # -- wrappers -----------------------------------------------------------------------------
+    def _wrap_init(self, orig: Callable[..., None]) -> Callable[..., None]:
+        def __init__(sc: Any, *args: Any, **kwargs: Any) -> None:
+            self.state.frames.call(orig, sc, *args, **kwargs)
+            requested = kwargs.get("enabled", args[5] if len(args) > 5 else True)
+            self._new_info(sc, ScalerInfo(
+                location=self.state.frames.caller(), device=str(sc._device), requested=bool(requested),
+                enabled=bool(sc._enabled), init_scale=float(kwargs.get("init_scale", args[1] if len(args) > 1
+                                                                       else 2.0**16)),
+            ))
+        return __init__
+
+    def _wrap_flag(self, flag: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def method(sc: Any, *args: Any, **kwargs: Any) -> Any:
+                out = orig(sc, *args, **kwargs)
+                setattr(self.info(sc), flag, True)
+                return out
+            return method
+        return make
+
+    def _register(self, loss_in: Any, out: Any, scale: torch.Tensor | None, enabled: bool, kind: str) -> None:
+        ins, _ = tree_flatten(loss_in)
+        outs, _ = tree_flatten(out)
+        for a, b in zip(ins, outs):
+            if isinstance(b, torch.Tensor):
+                self._scaled[id(b)] = ScaledSource(tensor=b, loss=a, scale=scale, enabled=enabled, kind=kind)
+
+    def _wrap_scale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def scale(sc: Any, outputs: Any) -> Any:
+            out = orig(sc, outputs)
+            info = self.info(sc)
+            enabled = bool(sc._enabled)
+            scale_t = sc._scale.detach().clone() if enabled and sc._scale is not None else None
+            self._register(outputs, out, scale_t, enabled, "torch")
+            if enabled:
+                info.used += 1
+                self._check_scaled(outputs, out, scale_t)
+                lows = {c.low_precision for c in self.state.models.captures if c.loss is None}
+                info.saw_bf16 |= torch.bfloat16 in lows
+                info.saw_fp16 |= torch.float16 in lows
+            return out
+        return scale
+
+    def _wrap_ampkit_scale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def scale(sc: Any, loss: torch.Tensor) -> torch.Tensor:
+            out = orig(sc, loss)
+            self.ampkit_scaled += 1
+            enabled = bool(getattr(sc, "enabled", False))
+            self._register(loss, out, sc.scale_tensor(loss.device).clone() if enabled else None, enabled, "ampkit")
+            return out
+        return scale
+
+    def _check_scaled(self, outputs: Any, out: Any, scale: torch.Tensor | None) -> None:
+        """LOSS_IN_LOW_PRECISION as an error: a finite low-precision loss whose scaling overflows.
+
+        Either the scaled value itself (when the product stays in the loss's dtype), or the gradient
+        seed: backward enters the loss with d(loss × scale)/d(loss) = scale, rounded to the loss's
+        dtype, so an fp16 loss overflows at every scale above 65504 whatever its value.
+        """
+        ins, _ = tree_flatten(outputs)
+        outs, _ = tree_flatten(out)
+        for a, b in zip(ins, outs):
+            if isinstance(a, torch.Tensor) and a.dtype in _LOW:
+                it = self.state.iteration
+                location = self.state.frames.caller()
+                overflow = (~torch.isfinite(b.detach())).any() & torch.isfinite(a.detach()).all()
+                if scale is not None:
+                    overflow = overflow | (scale > torch.finfo(a.dtype).max)
+
+                def judge(v: float, a_dtype: torch.dtype = a.dtype, it: int = it,
+                          location: str | None = location) -> None:
+                    if v > 0:
+                        self.scaled_overflow.add(it)
+                        self.state.ledger.add(
+                            "LOSS_IN_LOW_PRECISION", key=location, severity="error",
+                            message=(
+                                f"the loss is a {dtype_name(a_dtype)} tensor, and scaling it overflowed "
+                                f"{dtype_name(a_dtype)}: backward starts from d(loss × scale)/d(loss) = scale, "
+                                f"rounded to {dtype_name(a_dtype)} (largest {torch.finfo(a_dtype).max:g}), so "
+                                "every step at a larger scale is skipped although the loss itself was finite"
+                            ),
+                            fix="compute the loss in fp32 (`.float()` on the model output before the loss) so "
+                                "loss × scale stays finite",
+                            location=location, step=it, evidence={"loss_dtype": dtype_name(a_dtype)},
+                        )
+                self.state.pending.read(overflow, judge)
+
+    def _explain_order(self, exc: BaseException, location: str | None) -> None:
+        text = str(exc)
+        if "No inf checks were recorded prior" in text and self.direct_steps and self.state.ledger.has(
+                "UNSCALE_ORDER_ERROR"):
+            exc._ampkit_explained = True  # type: ignore[attr-defined]
+            return  # the consequence of the optimizer.step() that bypassed the scaler, already reported
+        for needle, fix in ORDER_FIXES.items():
+            if needle in text:
+                code = "UNSCALE_ORDER_ERROR"
+                message = f"GradScaler raised {type(exc).__name__}: {text}"
+                if (needle.startswith("No inf checks were recorded prior") and self.backward.since_update
+                        and not self.direct_steps):
+                    code = "ACCUMULATION_SCALE_CHANGE"
+                    message = (
+                        f"scaler.update() was called on a micro-batch that did not step the optimizer "
+                        f"(GradScaler: {text!r}): with gradient accumulation, update() belongs to the step "
+                        "boundary, after scaler.step(optimizer)"
+                    )
+                    fix = ("move scaler.update() into the accumulation boundary block, right after "
+                           "scaler.step(optimizer): `if (i + 1) % accum == 0: scaler.step(opt); scaler.update(); "
+                           "opt.zero_grad()`")
+                self.state.ledger.add(code, key=location, message=message, fix=fix, location=location,
+                                    step=self.state.iteration, evidence={"exception": text})
+                exc._ampkit_explained = True  # type: ignore[attr-defined]
+                return
+
+    def _wrap_unscale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def unscale_(sc: Any, optimizer: torch.optim.Optimizer) -> Any:
+            try:
+                out = orig(sc, optimizer)
+            except (RuntimeError, AssertionError) as exc:
+                self._explain_order(exc, self.state.frames.caller())
+                raise
+            if sc._enabled:
+                self.info(sc).unscaled_since_update = True
+            return out
+        return unscale_
+
+    def _wrap_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def step(sc: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            self.in_step += 1
+            try:
+                out = orig(sc, optimizer, *args, **kwargs)
+            except (RuntimeError, AssertionError) as exc:
+                self._explain_order(exc, self.state.frames.caller())
+                raise
+            finally:
+                self.in_step -= 1
+            primary = self.optim.is_primary(optimizer)
+            if sc._enabled:
+                info = self.info(sc)
+                info.stepped_since_update = True
+                state = sc._per_optimizer_states.get(id(optimizer))
+                per_dev = list(state["found_inf_per_device"].values()) if state else []
+                if per_dev:
+                    found = per_dev[0] if len(per_dev) == 1 else torch.stack([f.to(per_dev[0].device) for f in per_dev]).sum()
+                    self.optim.info(optimizer).last_found = (found, self.state.iteration)
+                    # GradScaler already synced on found_inf for non-fused optimizers: reading it again is free.
+                    urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or self.state.sampler.dense(
+                        self.state.iteration)
+                    scale_used = sc._scale.detach().clone()
+                    it = self.state.iteration
+                    self.state.signals.on_scaler_found(found, scale_used, it, primary, urgent)
+            if primary:
+                self.state.signals.end_iteration()
+            return out
+        return step
+
+    def _wrap_update(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def update(sc: Any, new_scale: Any = None) -> Any:
+            info = self.info(sc)
+            if sc._enabled and new_scale is None and not info.stepped_since_update and info.unscaled_since_update:
+                location = self.state.frames.caller()
+                self.state.ledger.add(
+                    "ACCUMULATION_SCALE_CHANGE", key=location,
+                    message=(
+                        "scaler.update() ran on a micro-batch that did not step the optimizer: the loss scale "
+                        "can change while gradients accumulate, so the window sums gradients multiplied by "
+                        "different scales (and gradients already unscaled by unscale_() get mixed with new "
+                        "scaled ones)"
+                    ),
+                    fix=("call scaler.unscale_/clip/scaler.step/scaler.update only at the accumulation boundary: "
+                         "`if (i + 1) % accum == 0: scaler.unscale_(opt); clip...; scaler.step(opt); "
+                         "scaler.update(); opt.zero_grad()`"),
+                    location=location, step=self.state.iteration,
+                )
+            try:
+                out = orig(sc, new_scale)
+            except (RuntimeError, AssertionError) as exc:
+                self._explain_order(exc, self.state.frames.caller())
+                raise
+            if sc._enabled:
+                it = self.state.iteration
+                self.state.pending.read(sc._scale.detach().clone(), lambda v: info.scales.append((it, v)))
+            info.stepped_since_update = info.unscaled_since_update = info.backward_scaled = False
+            self.backward.since_update = 0
+            self.direct_steps = 0
+            self._scaled.clear()
+            return out
+        return update
+
+    # -- queries from the other watchers -----------------------------------------------------------
+    def scaled_source(self, t: torch.Tensor) -> ScaledSource | None:
+        src = self._scaled.pop(id(t), None)
+        if src is None or src.tensor is not t:
+            return None
+        if src.enabled and src.kind == "torch":
+            for sc, info in self.enabled_scalers():
+                if src.scale is not None and sc._scale is not None:
+                    info.backward_scaled = True
+        return src
+
+    def on_clip(self, params: list[torch.Tensor], fname: str) -> None:
+        scalers = [(sc, info) for sc, info in self.enabled_scalers() if info.backward_scaled]
+        if not scalers:
+            return
+        owners = self.optim.owners(params)
+        from torch.amp.grad_scaler import OptState
+
+        for sc, _info in scalers:
+            states = [sc._per_optimizer_states.get(id(o)) for o in owners] or [None]
+            if any(s is None or s["stage"] is OptState.READY for s in states):
+                location = self.state.frames.caller()
+                self.state.ledger.add(
+                    "CLIP_BEFORE_UNSCALE", key=location,
+                    message=(
+                        f"{fname} ran on gradients that still hold loss × scale (scaler.unscale_(optimizer) "
+                        "was not called first): the threshold is compared with scaled norms, so gradients "
+                        "are clipped far harder than intended (or not at all once the scale drops)"
+                    ),
+                    fix=("call scaler.unscale_(optimizer) right before clipping: `scaler.scale(loss).backward(); "
+                         "scaler.unscale_(optimizer); torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm); "
+                         "scaler.step(optimizer); scaler.update()`"),
+                    location=location, step=self.state.iteration, evidence={"function": fname},
+                )
+                return
+
+    def on_direct_step(self, opt: torch.optim.Optimizer) -> None:
+        """``optimizer.step()`` called outside ``scaler.step`` while gradients are scaled."""
+        self.direct_steps += 1
+        for _sc, info in self.enabled_scalers():
+            if info.backward_scaled:
+                location = self.state.frames.caller()
+                self.state.ledger.add(
+                    "UNSCALE_ORDER_ERROR", key=("direct", location),
+                    message=(
+                        f"{type(opt).__name__}.step() was called directly while the gradients hold loss × scale: "
+                        "the update uses gradients multiplied by the loss scale and skips GradScaler's inf/NaN "
+                        "check"
+                    ),
+                    fix="replace optimizer.step() with scaler.step(optimizer), followed by scaler.update()",
+                    location=location, step=self.state.iteration,
+                )
+                return

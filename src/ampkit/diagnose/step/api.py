@@ -1,0 +1,425 @@
+"""``diagnose_step``: trace one step, compare it with FP32, find the culprit, verify the fix.
+
+Algorithm (each run happens on a private deep copy, with the same RNG state):
+
+1. **FP32 shadow** (``shadow=True``): the step on an fp32 copy with autocast disabled at its
+   root; every module output and parameter gradient is kept as the reference.
+2. **Traced low-precision run**: the step exactly as the caller runs it, under the op tracer
+   (``ampkit.diagnose.step.trace``), comparing each module output with the reference on the fly.
+3. **Findings**: an op that raised (DTYPE_MISMATCH / CAST_OVERFLOW); NaN in the data or
+   non-finite parameters (NONFINITE_INPUT); the forward producer of the first non-finite value
+   (FORWARD_OVERFLOW, FORWARD_NAN, CAST_OVERFLOW, NORM_STATS_NONFINITE); running statistics
+   that became non-finite; else the backward producer (BACKWARD_OVERFLOW), classified by
+   re-running the backward at scale 1: an overflow that vanishes there is ordinary dynamic
+   loss scaling (info), one that stays is an error; the loss dtype (LOSS_IN_LOW_PRECISION);
+   for a finite step, PRECISION_LOSS and GRADIENT_UNDERFLOW from the shadow comparison.
+4. **Bisection** (``bisect=True``) when a module kept in fp32 could fix the step
+   (``ampkit.diagnose.step.bisect``), verified by a final run with the proposed ``keep_fp32``.
+
+Cost: shadow + traced run ≈ 3–6 plain steps; a backward overflow at scale > 1 adds one traced
+run; bisection adds one run per trial (bounded).  The user's model, its gradients and the
+global RNG state are left exactly as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.core.display import display_location, display_module, keep_fp32_fix, sort_findings
+from ampkit.diagnose.core.stats import (
+    FORMATS,
+    finalize_ranges,
+    format_name,
+    headroom,
+    merge_ranges,
+    pending_range,
+)
+from ampkit.diagnose.step import compare
+from ampkit.diagnose.step.events import (
+    Producer,
+    error_finding,
+    find_producer,
+    input_findings,
+    producer_finding,
+)
+from ampkit.diagnose.step.programs import LossProgram, StepProgram
+from ampkit.diagnose.step.result import DiagnosisResult, Headroom
+from ampkit.diagnose.step.session import RunResult, Session
+from ampkit.findings import Finding, Severity
+from ampkit.precision import Precision
+
+__all__ = ["diagnose_program", "diagnose_step"]
+
+def diagnose_step(
+    model: nn.Module,
+    run: Callable[[nn.Module], torch.Tensor],
+    *,
+    precision: str | Precision,
+    loss_scale: float | None = None,
+    step: int | None = None,
+    shadow: bool = True,
+    bisect: bool = True,
+    user_paths: Sequence[str] = (),
+    sqnr_threshold_db: float = compare.SQNR_THRESHOLD_DB,
+    underflow_threshold: float = compare.UNDERFLOW_THRESHOLD,
+) -> DiagnosisResult:
+    """Diagnose one training step of ``model`` (see the module docstring).
+
+    ``run(model)`` performs the forward and the loss under autocast, exactly like the training
+    code, and returns the scalar loss; it is called several times, on copies of ``model``.
+    ``loss_scale`` is the scale the training backward uses (None: no scaling).
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    >>> x = torch.randn(8, 4)
+    >>> def run(m):
+    ...     with torch.autocast("cpu", dtype=torch.bfloat16):
+    ...         return m(x).float().pow(2).mean()
+    >>> result = diagnose_step(model, run, precision="bf16")
+    >>> [f.code for f in result.findings if f.severity == "error"]
+    []
+    >>> sorted(result.module_headroom["0"])
+    ['bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2']
+    """
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    prec = Precision.parse(precision, device) if not isinstance(precision, Precision) else precision
+    program = LossProgram(run, loss_scale)
+    return diagnose_program(model, program, prec, step=step, shadow=shadow, bisect=bisect, user_paths=user_paths,
+                            sqnr_threshold_db=sqnr_threshold_db, underflow_threshold=underflow_threshold)
+
+
+def diagnose_program(
+    model: nn.Module, program: StepProgram, precision: Precision, *, step: int | None = None, shadow: bool = True,
+    bisect: bool = True, user_paths: Sequence[str] = (), sqnr_threshold_db: float = compare.SQNR_THRESHOLD_DB,
+    underflow_threshold: float = compare.UNDERFLOW_THRESHOLD, session: Session | None = None,
+) -> DiagnosisResult:
+    """``diagnose_step`` for any step program (the replay passes an ``OutputGradProgram``)."""
+    own = session is None
+    sess = session or Session(model, program, precision, user_paths=tuple(user_paths))
+    try:
+        return _Diagnosis(sess, step=step, threshold_db=sqnr_threshold_db,
+                          underflow_threshold=underflow_threshold).run(shadow=shadow, bisect=bisect)
+    finally:
+        if own:
+            sess.close()
+
+
+class _Diagnosis:
+    def __init__(self, session: Session, *, step: int | None, threshold_db: float, underflow_threshold: float):
+        self.s = session
+        self.step = step
+        self.threshold_db = threshold_db
+        self.underflow_threshold = underflow_threshold
+        self.modules = dict(session.model.named_modules())
+        self.findings: list[Finding] = []
+        self.ref: RunResult | None = None
+        self.ref_ranges: dict[str, tuple[float, float]] = {}
+        self._broken_running: list[str] = []
+        self._overflowed = False
+        self._sqnr_targets: list[str] = []
+        self._shadow_error: str | None = None
+
+    # -- orchestration -------------------------------------------------------------------------
+    def run(self, *, shadow: bool, bisect: bool) -> DiagnosisResult:
+        s = self.s
+        if shadow:
+            self.ref = s.run(s.shadow_model(), mode="fp32", fp32=True, keep_outputs=True, trace=True)
+            if self.ref.exception is not None:
+                # The fp32 copy cannot run the step (explicit casts in user code): no shadow comparison.
+                self._shadow_error = f"{type(self.ref.exception).__name__}: {self.ref.exception}"[:300]
+                self.ref = None
+        lp = s.run(s.work, mode="scaled", trace=True, stats=self.ref is None,
+                   reference=self.ref.recorder.outputs if self.ref else None)
+        self._broken_running = self._find_broken_running()
+        s.reset_work()
+        result = DiagnosisResult(findings=[], precision=s.precision.name, step=self.step, loss=lp.loss,
+                                 loss_fp32=self.ref.loss if self.ref else None)
+        if lp.exception is not None:
+            self._exception_findings(lp)
+        else:
+            out_sqnr = compare.module_sqnr(lp.recorder.energies)
+            fixable = self._step_findings(lp, out_sqnr)
+            grads = None
+            if self.ref is not None:
+                grads = compare.compare_grads(self.ref.grads, lp.grads, inv_scale=1.0 / s.program.loss_scale,
+                                              param_module=s.param_module)
+                result.comparison = compare.summary(out_sqnr, grads)
+                # Only "with no overflow involved": after an overflow every later difference is its echo.
+                if lp.finite and not self._overflowed:
+                    prec = compare.precision_findings(
+                        order=lp.recorder.order, out_sqnr=out_sqnr, grads=grads, threshold_db=self.threshold_db,
+                        underflow_threshold=self.underflow_threshold, precision=s.precision.name,
+                        loss_scale=s.program.loss_scale, step=self.step)
+                    self.findings.extend(prec)
+                    fixable.extend(f for f in prec if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation")
+            if bisect and fixable:
+                self._bisect(result, lp, fixable, out_sqnr)
+        if self._shadow_error is not None:
+            result.comparison["shadow_unavailable"] = self._shadow_error
+        result.module_headroom, result.grad_headroom = self._headroom(lp)
+        result.findings = sort_findings(self.findings)
+        return result
+
+    # -- findings --------------------------------------------------------------------------------
+    def _exception_findings(self, lp: RunResult) -> None:
+        assert lp.exception is not None
+        err = lp.log.error if lp.log is not None else None
+        finding = error_finding(err, lp.exception, step=self.step) if err is not None else None
+        if finding is None:
+            raise lp.exception
+        self.findings.append(finding)
+
+    def _step_findings(self, lp: RunResult, out_sqnr: dict[str, float]) -> list[Finding]:
+        """Findings of the traced run; returns those a module kept in fp32 could fix."""
+        assert lp.log is not None
+        s, log = self.s, lp.log
+        fixable: list[Finding] = []
+        if lp.loss_dtype in ("float16", "bfloat16"):
+            self.findings.append(Finding(
+                code="LOSS_IN_LOW_PRECISION", severity="warning",
+                message=(f"the loss is a {dtype_name(lp.loss_dtype)} tensor: its value and its gradient seed are "
+                         f"rounded to {dtype_name(lp.loss_dtype)}"
+                         + (f", and scaling it by {s.program.loss_scale:g} keeps it in "
+                            f"{dtype_name(lp.loss_dtype)}, where it can overflow"
+                                               if s.program.loss_scale != 1.0 else "")),
+                fix=("Compute the loss from fp32 values: loss_fn(logits.float(), target), or compute it outside "
+                     "the autocast block."),
+                location=display_location(lp.loss_location), step=self.step,
+                evidence={"loss_dtype": lp.loss_dtype, "loss_scale": s.program.loss_scale},
+            ))
+        inputs = input_findings(log, step=self.step)
+        self.findings.extend(inputs)
+        nonfinite = not lp.finite
+        fwd = find_producer(log, "forward")
+        if fwd is not None:
+            self._overflowed = True
+            module = fwd.record.module
+            corrupted = out_sqnr.get(module or "\0", math.nan) if not nonfinite else math.nan
+            f = producer_finding(fwd, step_nonfinite=nonfinite, step=self.step,
+                                 module_type=self._module_type(module),
+                                 reference_absmax=self._ref_absmax(module))
+            if not math.isnan(corrupted) and corrupted < self.threshold_db:
+                # Absorbed downstream (rsqrt(inf) = 0, softmax of inf ...): finite, but wrong.
+                f = dataclasses.replace(
+                    f, severity="error",
+                    message=f.message.replace(" The step still ended finite (the value was masked or saturated "
+                                              "later).", "")
+                    + f" The step ended finite but silently wrong: {display_module(module)}'s output is "
+                      f"{corrupted:.1f} dB SQNR from fp32.",
+                    evidence={**f.evidence, "module_output_sqnr_db": corrupted})
+                self._sqnr_targets.append(module or "")
+            self.findings.append(f)
+            if f.severity == "error":
+                fixable.append(f)
+        self.findings.extend(self._running_stats(fwd))
+        if fwd is None and not inputs and lp.loss_finite and not lp.grads_finite:
+            bwd = find_producer(log, "backward")
+            if bwd is not None:
+                self._overflowed = True
+                f = self._backward_finding(lp, bwd)
+                self.findings.append(f)
+                if f.severity == "error":
+                    fixable.append(f)
+        if nonfinite and not self._overflowed and not any(f.severity == "error" for f in self.findings):
+            self.findings.append(Finding(
+                code="FORWARD_NAN" if not lp.loss_finite else "BACKWARD_OVERFLOW", severity="error",
+                message=("the step is non-finite but no traced op produced the first non-finite value (it came "
+                         "from code the tracer does not see: a custom kernel or an op outside the step function)"),
+                fix="Run the step with torch.autograd.set_detect_anomaly(True) to locate the untraced op.",
+                step=self.step, evidence={"loss_finite": lp.loss_finite, "nonfinite_grads": lp.nonfinite_grads[:20]},
+            ))
+        return fixable
+
+    def _running_stats(self, fwd: Producer | None) -> list[Finding]:
+        """NORM_STATS_NONFINITE for running statistics this step turned non-finite."""
+        broken = self._broken_running
+        if not broken:
+            return []
+        owners = sorted({n.rpartition(".")[0] for n in broken})
+        if fwd is not None and fwd.record.module in owners and "norm" in fwd.record.op.split("::")[-1]:
+            return []  # the producer finding already is NORM_STATS_NONFINITE for this layer
+        cause = (f" because {fwd.record.op} in {display_module(fwd.record.module)} produced a non-finite value "
+                 "upstream" if fwd is not None else "")
+        return [Finding(
+            code="NORM_STATS_NONFINITE", severity="error",
+            message=(f"running statistics {broken[:6]} became non-finite during this step{cause}; they persist "
+                     "across steps and poison every later evaluation (model.eval()) even after training recovers"),
+            fix=("Keep the normalisation layer(s) in fp32 (MixedPrecision(..., keep_fp32=[" + ", ".join(
+                repr(o) for o in owners[:4]) + "])) and fix the upstream overflow; reset the statistics "
+                 "(module.reset_running_stats()) or restore them from a checkpoint."),
+            module=owners[0], step=self.step, evidence={"buffers": broken[:20]},
+        )]
+
+    def _find_broken_running(self) -> list[str]:
+        """Running-statistics buffers finite before the traced run and non-finite after it."""
+        before = self.s.buffers_before
+        items = [(n, b) for n, b in self.s.work.named_buffers()
+                 if "running" in n.rsplit(".", 1)[-1] and b.is_floating_point() and n in before]
+        if not items:
+            return []
+        after = torch.stack([torch.isfinite(b).all() for _, b in items]).tolist()
+        pre = torch.stack([torch.isfinite(before[n]).all() for n, _ in items]).tolist()
+        return [n for (n, _), a, p in zip(items, after, pre) if p and not a]
+
+    def _backward_finding(self, lp: RunResult, p: Producer) -> Finding:
+        s, rec = self.s, p.record
+        scale = s.program.loss_scale
+        fwd_op = lp.log.records[rec.forward_op].op if lp.log and rec.forward_op is not None else None
+        lp_name = format_name(s.precision.dtype) or s.precision.name
+        evidence: dict[str, Any] = {
+            "phase": "backward", "kind": p.kind, "loss_scale": scale, "forward_op": fwd_op, "node": rec.node,
+            "input_dtypes": list(p.in_dtypes), "output_dtype": p.out_dtype,
+            "grad_absmax_unscaled": p.in_absmax / scale,
+        }
+        where = f"{rec.op} (backward of {fwd_op or 'an op'} in {display_module(rec.module)})"
+        severity: Severity = "error"
+        if scale > 1.0:
+            unit = s.run(s.work, mode="unit", trace=True, stats=False)
+            s.reset_work()
+            evidence["overflows_at_scale_1"] = not unit.finite
+            peak = self._peak_backward(unit, lp_name)
+            if unit.finite:
+                severity = "info"
+                safe = None
+                if peak > 0 and lp_name in FORMATS:
+                    safe = 2.0 ** math.floor(math.log2(FORMATS[lp_name].max / peak))
+                evidence["largest_unscaled_gradient"] = peak
+                evidence["max_safe_scale"] = safe
+                message = (f"{where} overflowed at loss scale {scale:g}; at scale 1 the same backward is finite "
+                           f"(largest unscaled gradient {peak:.4g}" + (f", so scales up to {safe:g} fit)" if safe
+                                                                         else ")")
+                           + ": this is ordinary dynamic loss scaling — the step is skipped and the scale backs off")
+                fix = ("Nothing to change if it happens now and then. If most steps are skipped, start lower: "
+                       f"DynamicLossScaler(init_scale={safe:g})" if safe else
+                       "Nothing to change if it happens now and then; if most steps are skipped, lower init_scale.")
+                return Finding(code="BACKWARD_OVERFLOW", severity=severity, message=message, fix=fix,
+                               module=rec.module, op=rec.op, location=display_location(rec.location), step=self.step,
+                               evidence=evidence)
+        message = (f"{where} produced non-finite {p.out_dtype} gradients from finite ones"
+                   + (f" at loss scale {scale:g}, and still does at scale 1" if scale > 1.0 else
+                      " with no loss scaling") + ": the gradient itself exceeds the format's range, so no loss scale ≥ 1 "
+                   "avoids it")
+        fix = keep_fp32_fix(rec.module, "Or reduce the magnitudes involved (normalise, clip activations) or use bf16.")
+        return Finding(code="BACKWARD_OVERFLOW", severity=severity, message=message, fix=fix, module=rec.module,
+                       op=rec.op, location=display_location(rec.location), step=self.step, evidence=evidence)
+
+    @staticmethod
+    def _peak_backward(run: RunResult, fmt: str) -> float:
+        """Largest finite |gradient| among backward op outputs in the low-precision format."""
+        if run.log is None:
+            return 0.0
+        dtype = str(FORMATS[fmt].torch_dtype).replace("torch.", "") if fmt in FORMATS else ""
+        peak = 0.0
+        for rec in run.log.records:
+            if rec.phase != "backward":
+                continue
+            for slot, d in zip(rec.out_slots, rec.out_dtypes):
+                if d == dtype:
+                    v = run.log.absmax(slot)
+                    if math.isfinite(v):
+                        peak = max(peak, v)
+        return peak
+
+    def _module_type(self, name: str | None) -> str | None:
+        return type(self.modules[name]).__name__ if name is not None and name in self.modules else None
+
+    def _ref_absmax(self, name: str | None) -> float | None:
+        if self.ref is None:
+            return None
+        if not self.ref_ranges:
+            names = [n for n, v in self.ref.recorder.out_ranges.items() if v]
+            merged = [merge_ranges(self.ref.recorder.out_ranges[n]) for n in names]
+            self.ref_ranges = dict(zip(names, finalize_ranges(merged)))
+        rng = self.ref_ranges.get(name if name is not None else "\0")
+        return rng[0] if rng is not None else None
+
+    # -- bisection -------------------------------------------------------------------------------
+    def _bisect(self, result: DiagnosisResult, lp: RunResult, fixable: list[Finding],
+                out_sqnr: dict[str, float]) -> None:
+        from ampkit.diagnose.step.bisect import Objective, bisect_keep_fp32, rank_candidates
+
+        sqnr_modules = [f.module for f in fixable if f.code == "PRECISION_LOSS" and f.module is not None]
+        sqnr_modules += [m for m in self._sqnr_targets if m not in sqnr_modules]
+        objective = Objective(need_finite=self._overflowed, sqnr_modules=sqnr_modules, threshold_db=self.threshold_db,
+                              reference=self.ref.recorder.outputs if self.ref else None)
+        candidates = rank_candidates([f.module for f in fixable], out_sqnr, order=lp.recorder.order,
+                                     threshold_db=self.threshold_db)
+        outcome = bisect_keep_fp32(self.s, objective, candidates, reference_run=self.ref)
+        result.bisection = outcome.to_json()
+        if outcome.keep_fp32 is None:
+            return
+        result.keep_fp32 = outcome.keep_fp32
+        verified = outcome.verification or {}
+        outcomes = []
+        if verified.get("loss") is not None:  # replays that start from the output gradient have no loss
+            fp32 = f" (fp32: {result.loss_fp32})" if result.loss_fp32 is not None else ""
+            outcomes.append(f"loss {verified['loss']}{fp32}")
+        if isinstance(verified.get("output_sqnr_db"), float):
+            outcomes.append(f"output SQNR {verified['output_sqnr_db']:.1f} dB")
+        outcomes.append("finite gradients")
+        text = (f"Verified fix: MixedPrecision(..., keep_fp32={outcome.keep_fp32!r}) — re-running this step with "
+                f"it gives {', '.join(outcomes[:-1])}{' and ' if len(outcomes) > 1 else ''}{outcomes[-1]}.")
+        ids = {id(f) for f in fixable}
+        self.findings = [dataclasses.replace(f, fix=f"{text}{_alternative(f.fix)}",
+                                             evidence={**f.evidence, "verified_fix": verified})
+                         if id(f) in ids else f for f in self.findings]
+
+    # -- headroom --------------------------------------------------------------------------------
+    def _headroom(self, lp: RunResult) -> tuple[Headroom, Headroom]:
+        src = self.ref if self.ref is not None else lp
+        names = [n for n, v in src.recorder.out_ranges.items() if v]
+        ranges = [merge_ranges(src.recorder.out_ranges[n]) for n in names]
+        inv = 1.0 if self.ref is not None else 1.0 / self.s.program.loss_scale
+        by_module: dict[str, list[torch.Tensor]] = {}
+        for pname, g in src.grads.items():
+            by_module.setdefault(self.s.param_module.get(pname, ""), []).append(g)
+        gnames = list(by_module)
+        granges = [merge_ranges([pending_range(g) for g in by_module[m]]) for m in gnames]
+        values = finalize_ranges(ranges + granges)
+        out_min = {n: v[1] for n, v in zip(names, values[: len(names)])}
+        grad_min = {m: v[1] * inv for m, v in zip(gnames, values[len(names):])}
+        fwd_peak = self._peaks(src, "forward", 1.0, {n: v[0] for n, v in zip(names, values[: len(names)])})
+        bwd_peak = self._peaks(src, "backward", inv, {m: v[0] * inv for m, v in zip(gnames, values[len(names):])})
+
+        def rooms(peaks: dict[str, float], mins: dict[str, float]) -> Headroom:
+            order = list(dict.fromkeys([*mins, *peaks]))
+            return {n: {k: (headroom(peaks.get(n, 0.0), math.inf, fmt)[0],
+                            headroom(0.0, mins.get(n, math.inf), fmt)[1]) for k, fmt in FORMATS.items()}
+                    for n in order}
+
+        return rooms(fwd_peak, out_min), rooms(bwd_peak, grad_min)
+
+    def _peaks(self, run: RunResult, phase: str, scale: float, base: dict[str, float]) -> dict[str, float]:
+        """Largest finite magnitude per module over the traced ops of ``phase`` (ancestors included)."""
+        peaks = dict(base)
+        if run.log is None:
+            return peaks
+        known = self.modules
+        for rec in run.log.records:
+            if rec.phase != phase or rec.module is None or not rec.out_slots:
+                continue
+            v = max((run.log.absmax(sl) for sl in rec.out_slots), default=0.0) * scale
+            if not math.isfinite(v):
+                continue
+            name = rec.module
+            while True:
+                if name in known and v > peaks.get(name, 0.0):
+                    peaks[name] = v
+                if name == "":
+                    break
+                name = name.rpartition(".")[0]
+        return peaks
+
+
+def _alternative(fix: str) -> str:
+    """The part of a finding's fix after its generic keep-fp32 advice (replaced by the verified one)."""
+    marker = "in a hand-written loop). "
+    return " " + fix.split(marker, 1)[1] if marker in fix else ""

@@ -1,0 +1,233 @@
+"""Culprit bisection: the smallest set of modules that, kept in fp32, fixes the step.
+
+Algorithm (a greedy that follows the failure, then a delta-debugging prune):
+
+1. Candidates are ranked by the trace: producer modules first, then modules whose output
+   SQNR first fell below the threshold (in forward order), then the lowest-SQNR modules.
+2. Grow: keep the top candidate in fp32 (``ampkit.policy.keep_fp32`` on the working copy) and
+   re-run the step.  If it is still non-finite, the *new* producer is added next (fixing one
+   overflow often moves it to the next op, e.g. the cast into the following layer); if the
+   SQNR target is still missed, the worst module still below it; else the next candidate.
+3. Prune: drop each member whose removal keeps the step fixed (1-minimal set).
+4. Verify: apply the final set to a fresh copy the way the engine does
+   (``MixedPrecision(keep_fp32=[...])`` → ``Fp32Policy``), re-run, and record the loss, the
+   gradients' finiteness and the SQNR against fp32 as evidence.
+
+"Fixed" means: no exception, no forward producer of a non-finite value anywhere (an overflow
+absorbed into a finite-but-wrong step counts), finite loss and gradients with the backward
+judged at scale 1 (an overflow that only a high loss scale causes is the dynamic scaler's
+job, not keep-fp32's), the model output's SQNR against fp32 at or above the threshold, and
+every module that had PRECISION_LOSS back above it.  Names of repeated blocks collapse into a pattern
+(``blocks.*.norm``) only when the pattern matches exactly the same modules.  Trials are
+bounded (``max_trials``); each costs one (traced, when finiteness is the goal) step.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ampkit.diagnose.step import compare
+from ampkit.diagnose.step.events import find_producer
+from ampkit.diagnose.step.session import RunResult, Session, copy_model
+from ampkit.policy import Fp32Policy
+
+__all__ = ["BisectOutcome", "Objective", "Trial", "bisect_keep_fp32", "compress_names", "rank_candidates"]
+
+
+@dataclass
+class Objective:
+    need_finite: bool
+    """The baseline step had a producer (non-finite or absorbed): each trial is traced, so a
+    remaining or moved producer is seen and names the next module to add."""
+    sqnr_modules: list[str]
+    """Modules whose output SQNR must reach ``threshold_db``."""
+    threshold_db: float
+    reference: dict[str, list[list[torch.Tensor]]] | None
+    """fp32 module outputs (needed for the SQNR target)."""
+
+
+@dataclass
+class Trial:
+    keep: list[str]
+    fixed: bool
+    finite: bool
+    sqnr_db: dict[str, float] = field(default_factory=dict)
+    next_module: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keep_fp32": self.keep, "fixed": self.fixed, "finite": self.finite, "sqnr_db": self.sqnr_db,
+                "next": self.next_module, "error": self.error}
+
+
+@dataclass
+class BisectOutcome:
+    keep_fp32: list[str] | None
+    trials: list[Trial]
+    verification: dict[str, Any] | None
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keep_fp32": self.keep_fp32, "reason": self.reason, "verification": self.verification,
+                "trials": [t.to_json() for t in self.trials]}
+
+
+def rank_candidates(producers: list[str | None], out_sqnr: dict[str, float], *, order: list[str],
+                    threshold_db: float, limit: int = 12) -> list[str]:
+    """Producer modules, then modules below the SQNR threshold in forward order, then lowest SQNR.
+
+    >>> rank_candidates(["b.norm"], {"a": 30.0, "b.norm": 5.0, "c": 12.0}, order=["a", "b.norm", "c"],
+    ...                 threshold_db=20.0)
+    ['b.norm', 'c', 'a']
+    """
+    out: list[str] = []
+
+    def add(name: str | None) -> None:
+        if name and name not in out:
+            out.append(name)
+
+    for p in producers:
+        add(p)
+    for n in order:
+        v = out_sqnr.get(n, math.nan)
+        if not math.isnan(v) and v < threshold_db:
+            add(n)
+    for n in sorted((n for n, v in out_sqnr.items() if not math.isnan(v)), key=lambda n: out_sqnr[n]):
+        add(n)
+    return out[:limit]
+
+
+def compress_names(names: list[str], all_names: list[str]) -> list[str]:
+    """Replace repeated-block names by a pattern when it matches exactly the same modules.
+
+    >>> compress_names(["h.0.ln", "h.1.ln", "head"], ["", "h", "h.0", "h.0.ln", "h.1", "h.1.ln", "head"])
+    ['h.*.ln', 'head']
+    """
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", n), []).append(n)
+    out: list[str] = []
+    for pattern, members in groups.items():
+        if len(members) > 1 and set(fnmatch.filter(all_names, pattern)) == set(members):
+            out.append(pattern)
+        else:
+            out.extend(members)
+    return out
+
+
+def _is_inside(name: str, others: list[str]) -> bool:
+    return any(o != name and (o == "" or name.startswith(o + ".")) for o in others)
+
+
+class _Bisector:
+    def __init__(self, session: Session, objective: Objective, reference_run: RunResult | None, max_trials: int):
+        self.s = session
+        self.obj = objective
+        self.ref = reference_run
+        self.max_trials = max_trials
+        self.trials: list[Trial] = []
+
+    def _targets(self) -> list[str]:
+        """Modules whose output SQNR the objective checks: the flagged ones and the model output."""
+        if self.obj.reference is None:
+            return []
+        return [*self.obj.sqnr_modules, *([""] if "" not in self.obj.sqnr_modules else [])]
+
+    def trial(self, keep: list[str]) -> Trial:
+        s = self.s
+        s.reset_work()
+        targets = self._targets()
+        with s.kept_fp32(keep):
+            r = s.run(s.work, mode="unit", trace=self.obj.need_finite, stats=False,
+                      reference=self.obj.reference if targets else None, only=set(targets) or None)
+        s.reset_work()
+        sqnr = compare.module_sqnr(r.recorder.energies) if targets else {}
+        failing = sorted((m for m in targets if not sqnr.get(m, -math.inf) >= self.obj.threshold_db),
+                         key=lambda m: sqnr.get(m, -math.inf))
+        producer = None
+        if r.log is not None:
+            producer = find_producer(r.log, "forward") or (None if r.finite else find_producer(r.log, "backward"))
+        t = Trial(keep=list(keep), finite=r.finite, fixed=r.finite and not failing and producer is None,
+                  sqnr_db={m: sqnr.get(m, math.nan) for m in targets},
+                  error=None if r.exception is None else f"{type(r.exception).__name__}: {r.exception}"[:300])
+        if producer is not None:
+            t.next_module = producer.record.module
+        elif failing:
+            t.next_module = failing[0]
+        self.trials.append(t)
+        return t
+
+    def grow(self, candidates: list[str]) -> list[str] | None:
+        keep: list[str] = []
+        queue = [c for c in candidates if c]
+        last: Trial | None = None
+        while len(self.trials) < self.max_trials:
+            nxt = last.next_module if last is not None else None
+            if nxt is not None and (nxt == "" or nxt in keep or _is_inside(nxt, keep)):
+                nxt = None  # already fp32 there: fp32 itself fails at this op, try the next candidate
+            if nxt is None:
+                nxt = next((c for c in queue if c not in keep and not _is_inside(c, keep)), None)
+            if nxt is None:
+                return None
+            keep.append(nxt)
+            last = self.trial(keep)
+            if last.fixed:
+                return keep
+        return None
+
+    def prune(self, keep: list[str]) -> list[str]:
+        keep = [k for k in keep if not _is_inside(k, keep)]
+        for member in list(keep):
+            if len(keep) == 1 or len(self.trials) >= 2 * self.max_trials:
+                break
+            smaller = [k for k in keep if k != member]
+            if self.trial(smaller).fixed:
+                keep = smaller
+        return keep
+
+    def verify(self, patterns: list[str]) -> dict[str, Any]:
+        """Apply ``patterns`` to a fresh copy exactly as the engine would, and re-run the step."""
+        s = self.s
+        fresh = copy_model(s.model)
+        applied = Fp32Policy(patterns, s.device.type).apply(fresh)
+        targets = self._targets()
+        r = s.run(fresh, mode="unit", trace=self.obj.need_finite, stats=False,
+                  reference=self.obj.reference if targets else None, only=set(targets) or None)
+        sqnr = compare.module_sqnr(r.recorder.energies) if targets else {}
+        producer = find_producer(r.log, "forward") if r.log is not None else None
+        evidence: dict[str, Any] = {
+            "keep_fp32": patterns, "modules": applied, "finite": r.finite, "loss": r.loss, "backward_scale": 1.0,
+            "output_sqnr_db": sqnr.get(""), "module_sqnr_db": {m: sqnr.get(m) for m in self.obj.sqnr_modules},
+            "trials": len(self.trials), "overflow_left": producer is not None,
+        }
+        if self.ref is not None and r.finite:
+            grads = compare.compare_grads(self.ref.grads, r.grads, inv_scale=1.0, param_module=s.param_module)
+            evidence["grad_sqnr_db"] = grads.global_sqnr_db
+        failing = [m for m in targets if not (sqnr.get(m) or -math.inf) >= self.obj.threshold_db]
+        evidence["verified"] = r.finite and r.exception is None and not failing and producer is None
+        return evidence
+
+
+def bisect_keep_fp32(session: Session, objective: Objective, candidates: list[str], *,
+                     reference_run: RunResult | None = None, max_trials: int = 10) -> BisectOutcome:
+    """Find, prune and verify a minimal keep-fp32 set (see the module docstring)."""
+    b = _Bisector(session, objective, reference_run, max_trials)
+    if not candidates:
+        return BisectOutcome(None, [], None, "no module is a candidate (the problem is outside the model)")
+    keep = b.grow(candidates)
+    if keep is None:
+        return BisectOutcome(None, b.trials, None,
+                             f"no set of up to {len(b.trials)} modules kept in fp32 fixed the step")
+    keep = b.prune(keep)
+    all_names = [n for n, _ in session.model.named_modules()]
+    patterns = compress_names(keep, all_names)
+    verification = b.verify(patterns)
+    if not verification["verified"]:
+        return BisectOutcome(None, b.trials, verification, "the proposed set did not verify on a fresh copy")
+    return BisectOutcome(patterns, b.trials, verification, "verified")

@@ -1,0 +1,66 @@
+"""``DiagnosisResult``: what one op-level diagnosis found, and its ``ampkit.doctor/1`` document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ampkit._util.jsonfloat import NONFINITE_AS_STRING, to_json
+from ampkit.findings import Finding
+
+__all__ = ["SCHEMA", "DiagnosisResult", "Headroom"]
+
+SCHEMA = "ampkit.doctor/1"
+
+Headroom = dict[str, dict[str, tuple[float, float]]]
+
+
+@dataclass
+class DiagnosisResult:
+    """What ``diagnose_step`` found; ``to_json()`` gives the ``ampkit.doctor/1`` document."""
+
+    findings: list[Finding]
+    """Sorted worst first."""
+    module_headroom: Headroom = field(default_factory=dict)
+    """Module -> format -> (bits to overflow, bits to underflow) in the forward: overflow against the
+    largest magnitude computed anywhere inside the module (every op's output, sub-modules
+    included: an intermediate like x*x overflows even when the module's output is small);
+    underflow against the smallest non-zero magnitude of its outputs.  Measured on the fp32
+    reference when there is one (true values, not values already clipped to inf), else on the
+    low-precision run."""
+    grad_headroom: Headroom = field(default_factory=dict)
+    """The same for the backward (unscaled): overflow against the largest gradient computed in the
+    module's backward ops, underflow against its parameters' smallest non-zero gradient."""
+    keep_fp32: list[str] | None = None
+    """The verified minimal set of modules to keep in fp32 (None when none was needed or found)."""
+    precision: str = ""
+    step: int | None = None
+    loss: float | None = None
+    loss_fp32: float | None = None
+    comparison: dict[str, Any] = field(default_factory=dict)
+    """Per-module output/gradient SQNR (dB) and gradient underflow fractions."""
+    bisection: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+    def to_json(self, environment: dict[str, Any] | None = None) -> dict[str, Any]:
+        from ampkit.env import collect_environment
+
+        env = environment or self.environment or collect_environment()
+        return to_json({
+            "schema": SCHEMA,
+            "findings": [f.to_dict() for f in self.findings],
+            "environment": env,
+            "precision": self.precision,
+            "step": self.step,
+            "keep_fp32": self.keep_fp32,
+            "loss": self.loss,
+            "loss_fp32": self.loss_fp32,
+            "module_headroom": {m: {k: list(v) for k, v in d.items()} for m, d in self.module_headroom.items()},
+            "grad_headroom": {m: {k: list(v) for k, v in d.items()} for m, d in self.grad_headroom.items()},
+            "comparison": self.comparison,
+            "bisection": self.bisection,
+        }, NONFINITE_AS_STRING)

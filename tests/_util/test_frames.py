@@ -1,0 +1,27 @@
+"""UserFrames: the one user-frame classifier."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from ampkit._util.frames import UserFrames
+
+
+def test_doctor_observers_code_filter_excludes_libraries_under_the_user_folder(tmp_path: Path) -> None:
+    venv_file = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "lib.py"
+    venv_file.parent.mkdir(parents=True)
+    venv_file.write_text("")
+    user_file = tmp_path / "train.py"
+    user_file.write_text("")
+    sys.path.append(str(venv_file.parent))
+    try:
+        code = UserFrames([tmp_path])
+        assert code.is_user(str(user_file))
+        assert not code.is_user(str(venv_file))
+        assert not code.is_user(torch.__file__)
+        assert not code.is_user("<string>")
+    finally:
+        sys.path.remove(str(venv_file.parent))

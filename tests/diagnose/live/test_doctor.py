@@ -1,0 +1,219 @@
+"""ReplayDoctor: a cheap capture every step, a full replay only for a failing one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ampkit
+from ampkit.diagnose.live import ReplayDoctor
+from ampkit.hooks import HookEvent
+
+
+def _mlp(dropout: float = 0.0) -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(dropout), nn.Linear(16, 1))
+
+
+def _train(model: nn.Module, mp: ampkit.MixedPrecision, batches: list[torch.Tensor], opt: torch.optim.Optimizer,
+           accumulate: int = 1) -> None:
+    for x in batches:
+        with mp.autocast():
+            loss = model(x).float().pow(2).mean()
+        mp.backward(loss)
+        mp.step(opt)
+
+
+def _batches(n: int, nan_at: int | None = None, rows: int = 4) -> list[torch.Tensor]:
+    out = [torch.randn(rows, 8) for _ in range(n)]
+    if nan_at is not None:
+        out[nan_at][1, 3] = float("nan")
+    return out
+
+
+def test_replay_healthy_run_stores_only_the_capture() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    batches = _batches(4)
+    _train(model, mp, batches, torch.optim.SGD(model.parameters(), lr=0.1))
+    doctor = mp.doctor
+    assert doctor.replays == 0 and doctor.findings == [] and doctor.results == []
+    last = doctor._last
+    assert last is not None and last.step == 4 and len(last.calls) == 1
+    call = last.calls[0]
+    assert call.args[0] is batches[-1]  # a reference, not a copy
+    assert call.grads[0] is not None and call.grads[0].shape == (4, 1)
+    assert call.autocast == ("cpu", torch.bfloat16, True)
+    assert doctor._calls == [] and doctor._pending == []  # nothing accumulates across steps
+
+
+def test_replay_triggers_only_on_the_bad_step() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    _train(model, mp, _batches(6, nan_at=3), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert mp.doctor.replays == 1
+    (f,) = mp.doctor.findings
+    assert (f.code, f.step, f.module) == ("NONFINITE_INPUT", 4, "0")
+    assert f.evidence["nan_rows"] == [1]
+    assert f.evidence["replay_reason"] == "non-finite loss"
+
+
+def test_replay_does_not_change_the_training_run() -> None:
+    def run(doctor: bool) -> dict[str, torch.Tensor]:
+        torch.manual_seed(1)
+        model = _mlp(dropout=0.3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=doctor)
+        mp.prepare(model)
+        _train(model, mp, _batches(5, nan_at=2), opt)
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    plain, doctored = run(False), run(True)
+    assert all(torch.equal(plain[k], doctored[k]) for k in plain)
+
+
+def test_replay_captures_the_first_step() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    _train(model, mp, _batches(2, nan_at=0), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert [f.step for f in mp.doctor.findings] == [1]
+
+
+class Spiky(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.ffn = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.ffn(self.embed(x))))
+
+
+def test_replay_fp16_forward_overflow_names_the_module() -> None:
+    model = Spiky()
+    with torch.no_grad():
+        model.embed.weight.fill_(1.0)
+        model.embed.bias.zero_()
+        model.ffn.weight.fill_(2000.0)  # fine for inputs ~0.01, overflows fp16 for inputs ~5
+    mp = ampkit.MixedPrecision("fp16", device="cpu", doctor=True)
+    mp.prepare(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    batches = [torch.rand(2, 4) * 0.01, torch.rand(2, 4) * 0.01, torch.full((2, 4), 5.0)]
+    for x in batches:
+        with mp.autocast():
+            loss = model(x).float().mean()
+        mp.backward(loss)
+        result = mp.step(opt)
+    assert result.skipped
+    errors = [f for f in mp.doctor.findings if f.severity == "error"]
+    assert errors and errors[0].code == "FORWARD_OVERFLOW" and errors[0].module == "ffn"
+    assert errors[0].step == 3
+    assert mp.doctor.results[-1].keep_fp32 is not None
+
+
+def test_replay_ordinary_dynamic_scaling_is_reported_once() -> None:
+    model = _mlp()
+    scaler = ampkit.DynamicLossScaler(init_scale=2.0**24, growth_interval=1000)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", doctor=True, scaler=scaler)
+    mp.prepare(model)
+    _train(model, mp, _batches(6, rows=2), torch.optim.SGD(model.parameters(), lr=0.01))
+    assert mp.doctor.replays == 1
+    (f,) = mp.doctor.findings
+    assert (f.code, f.severity) == ("BACKWARD_OVERFLOW", "info")
+    assert f.evidence["loss_scale"] == 2.0**24
+    # Replayed from the gradient kept before `.float()`'s cast: the overflow at that cast is
+    # reproduced op by op and judged at scale 1, not guessed.
+    assert f.evidence["overflows_at_scale_1"] is False and f.op == "aten::_to_copy"
+
+
+def test_replay_scale_collapse_classifies_the_cause() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    _train(model, mp, _batches(2, nan_at=1), torch.optim.SGD(model.parameters(), lr=0.1))
+    found = mp.doctor.replay(reason="SCALE_COLLAPSE")
+    collapse = [f for f in found if f.code == "SCALE_COLLAPSE"]
+    assert collapse[0].evidence["cause"] == "nonfinite_data_or_loss"
+    assert collapse[0].module == "0"
+
+    model = _mlp()
+    with torch.no_grad():
+        model[3].weight.fill_(3e3)
+        model[0].weight.fill_(30.0)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", doctor=True, scaler="static")
+    mp.prepare(model)
+    mp.doctor.max_replays = 0  # only the explicit replay below
+    _train(model, mp, [torch.rand(2, 8) * 1e-3], torch.optim.SGD(model.parameters(), lr=0.01))
+    found = mp.doctor.replay(reason="SCALE_COLLAPSE")
+    collapse = [f for f in found if f.code == "SCALE_COLLAPSE"]
+    assert collapse[0].evidence["cause"] == "gradient_overflow"
+
+
+def test_replay_with_gradient_accumulation_finds_the_bad_micro_batch() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True, grad_accumulation=2)
+    mp.prepare(model)
+    _train(model, mp, _batches(4, nan_at=3), torch.optim.SGD(model.parameters(), lr=0.1))
+    (f,) = mp.doctor.findings
+    assert f.code == "NONFINITE_INPUT" and f.step == 2
+    assert mp.doctor.results[-1] is not None and len(mp.doctor.results) == 2  # micro-batch 1 replayed clean
+
+
+def test_replay_keep_last_false_holds_nothing_between_healthy_steps() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.doctor.keep_last = False
+    mp.prepare(model)
+    _train(model, mp, _batches(3), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert mp.doctor._last is None and mp.doctor._calls == []
+    assert mp.doctor.replay("manual") == []
+
+
+def test_replay_seeds_the_replay_with_the_full_output_gradient(replay_seeds: list[list[Any]]) -> None:
+    model = nn.Linear(4, 3)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with mp.autocast():
+        out = model(torch.randn(2, 4))
+    loss = out.float().sum() + 2 * out.sum().float()  # the cast sees 1.0, out receives 3.0
+    mp.backward(loss)
+    mp.step(opt)
+    mp.doctor.replay()
+    (grad,) = replay_seeds[0]
+    assert torch.equal(grad.float(), torch.full((2, 3), 3.0))
+
+
+def test_replay_doctor_is_built_without_an_engine_and_attached_as_a_hook() -> None:
+    doctor = ReplayDoctor(max_replays=1, keep_last=True, shadow=False, bisect=False)
+    assert doctor.engine is None
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", hooks=[doctor])
+    mp.prepare(model)
+    doctor.on_attach(mp)  # idempotent for the same engine
+    assert doctor.engine is mp and id(model) in doctor._hooked
+    _train(model, mp, _batches(6, nan_at=3), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert doctor.replays == 1 and doctor.findings[0].code == "NONFINITE_INPUT"
+    with pytest.raises(ValueError, match="another engine"):
+        doctor.on_attach(ampkit.MixedPrecision("bf16", device="cpu"))
+
+
+def test_replay_doctor_replays_on_a_replay_event_and_close_removes_its_hooks() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    _train(model, mp, _batches(2), torch.optim.SGD(model.parameters(), lr=0.1))
+    doctor = mp.doctor
+    doctor.on_event(mp, HookEvent(kind="other", reason="ignored"))
+    assert doctor.findings == []
+    doctor.on_event(mp, HookEvent(kind="replay", reason="SCALE_COLLAPSE", step=mp.optimizer_steps))
+    assert [f.code for f in doctor.findings][:1] == ["SCALE_COLLAPSE"]
+    assert doctor.findings[0].evidence["cause"] == "not_reproduced"
+    doctor.close()
+    assert doctor._hooked == {} and not model._forward_pre_hooks and not model._forward_hooks

@@ -1,0 +1,164 @@
+"""The failure corpus: the real ``ampkit doctor --json`` on every script of tests/cases and on its
+fixed variant, checked against tests/cases/manifest.json (codes, culprit module, evidence).
+
+The scripts run in-process through ``ampkit.cli.main.main`` (as ``coverage run`` would run them),
+which keeps the corpus within its time budget: torch is imported once.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+from ampkit.cli.main import main
+from ampkit.findings import CODES
+
+CASES = Path(__file__).parents[1] / "cases"
+MANIFEST: dict[str, Any] = json.loads((CASES / "manifest.json").read_text())
+
+
+def _requirement_met(requirement: str | None) -> bool:
+    if requirement is None:
+        return True
+    if requirement == "no_cuda":
+        return not torch.cuda.is_available()
+    if requirement in ("slow_fp16_cpu", "fast_bf16_cpu"):
+        from ampkit.diagnose.script.rules import slow_low_precision
+
+        if requirement == "slow_fp16_cpu":
+            return slow_low_precision("fp16", "cpu") is not None
+        return slow_low_precision("bf16", "cpu") is None
+    raise ValueError(f"unknown requirement {requirement!r} in manifest.json")
+
+
+def _doctor(script: Path, tmp_path: Path) -> tuple[int, dict[str, Any]]:
+    report = tmp_path / "doctor.json"
+    rc = main(["doctor", "--json", str(report), str(script)])
+    doc = json.loads(report.read_text())
+    return rc, doc
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return json.loads(resources.files("ampkit").joinpath("schemas/doctor.schema.json").read_text())
+
+
+def test_doctor_cases_manifest_covers_every_code_with_real_files() -> None:
+    cases = MANIFEST["cases"]
+    assert len(cases) >= 22
+    covered = {code for c in cases for code in c["expect"]}
+    assert covered == set(CODES), f"codes without a case: {sorted(set(CODES) - covered)}"
+    for c in cases:
+        assert (CASES / c["script"]).is_file() and (CASES / c["fixed"]).is_file(), c["name"]
+        assert set(c["expect"]) | set(c["allow"]) <= set(CODES)
+        if c["culprit"] is not None:
+            assert c["culprit"]["code"] in c["expect"]
+
+
+@pytest.mark.parametrize("case", MANIFEST["cases"], ids=lambda c: c["name"])
+def test_doctor_cases_script_reports_expected_codes_and_culprit(
+    case: dict[str, Any], tmp_path: Path, schema: dict[str, Any]
+) -> None:
+    rc, doc = _doctor(CASES / case["script"], tmp_path)
+    jsonschema.validate(doc, schema)
+    findings = doc["findings"]
+    codes = {f["code"] for f in findings}
+    expect = set(case["expect"])
+    if not _requirement_met(case.get("requires")):
+        assert not expect & codes, f"{case['requires']} does not hold here, yet {expect & codes} was reported"
+        return
+    assert expect <= codes, f"missing {sorted(expect - codes)}; reported {sorted(codes)}"
+    errors = {f["code"] for f in findings if f["severity"] == "error"}
+    assert errors <= expect | set(case["allow"]), f"unexpected errors {sorted(errors - expect - set(case['allow']))}"
+    if case["culprit"] is not None:
+        code, module = case["culprit"]["code"], case["culprit"]["module"]
+        named = [f["module"] for f in findings if f["code"] == code]
+        assert module in named, f"{code} names {named}, expected the producer {module!r}"
+    for code, wanted in case.get("evidence", {}).items():
+        evidence = [f["evidence"] for f in findings if f["code"] == code]
+        assert any(all(ev.get(k) == v for k, v in wanted.items()) for ev in evidence), (code, evidence)
+    assert rc == (1 if errors else 0)
+
+
+@pytest.mark.parametrize("case", MANIFEST["cases"], ids=lambda c: c["name"])
+def test_doctor_cases_fixed_variant_has_no_error_and_none_of_the_codes(case: dict[str, Any], tmp_path: Path) -> None:
+    if not _requirement_met(case.get("fixed_requires")):
+        pytest.skip(f"the fixed variant assumes {case['fixed_requires']}, which this machine lacks")
+    rc, doc = _doctor(CASES / case["fixed"], tmp_path)
+    findings = doc["findings"]
+    errors = [(f["code"], f["message"]) for f in findings if f["severity"] == "error"]
+    assert not errors
+    # info findings say "nothing to change" (e.g. the scaler backing off once at the start)
+    assert not {f["code"] for f in findings if f["severity"] != "info"} & set(case["expect"])
+    assert rc == 0
+    assert doc["environment"]["exit_status"] == 0
+
+
+# -- stored expectations: the doctor's results on every case, recorded once and compared on each run --
+EXPECTED_PATH = CASES / "expected.json"
+TIMED_CODES = frozenset({"SLOW_LOW_PRECISION"})
+"""Findings decided by a timing measurement: a loaded machine can tip them either way, so they are
+left out of the stored comparison (tests/diagnose/test_task.py checks the measurement itself)."""
+
+
+def _expectation_key(requirement: str | None) -> str:
+    """``any`` for a case whose result does not depend on the machine, else ``REQ=yes|no``."""
+    if requirement is None:
+        return "any"
+    return f"{requirement}={'yes' if _requirement_met(requirement) else 'no'}"
+
+
+def _summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """What must stay the same: each finding's code, severity, module, op and line (file basename)."""
+    rows = []
+    for f in doc["findings"]:
+        if f["code"] in TIMED_CODES:
+            continue
+        location = f["location"]
+        if location is not None:
+            path, _, line = location.rpartition(":")
+            location = f"{Path(path).name}:{line}"
+        rows.append({"code": f["code"], "severity": f["severity"], "module": f["module"], "op": f["op"],
+                     "location": location})
+    unique = {json.dumps(r, sort_keys=True) for r in rows}
+    return [json.loads(r) for r in sorted(unique)]
+
+
+def _variants(case: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    return [("script", case["script"], case.get("requires")), ("fixed", case["fixed"], case.get("fixed_requires"))]
+
+
+@pytest.mark.parametrize("case", MANIFEST["cases"], ids=lambda c: c["name"])
+def test_doctor_cases_results_match_stored_expectations(case: dict[str, Any], tmp_path: Path) -> None:
+    stored = json.loads(EXPECTED_PATH.read_text())["cases"][case["name"]]
+    for variant, script, requirement in _variants(case):
+        key = _expectation_key(requirement)
+        if key not in stored[variant]:
+            continue  # recorded on a machine where the requirement had the other value
+        _, doc = _doctor(CASES / script, tmp_path)
+        assert _summary(doc) == stored[variant][key], f"{case['name']} ({variant}, {key})"
+
+
+def _record(tmp: Path) -> None:
+    """Run every case here and merge the results into expected.json (keys of other machines are kept)."""
+    stored = json.loads(EXPECTED_PATH.read_text()) if EXPECTED_PATH.exists() else {"cases": {}}
+    stored["schema"] = "ampkit.cases-expected/1"
+    for case in MANIFEST["cases"]:
+        entry = stored["cases"].setdefault(case["name"], {"script": {}, "fixed": {}})
+        for variant, script, requirement in _variants(case):
+            _, doc = _doctor(CASES / script, tmp)
+            entry[variant][_expectation_key(requirement)] = _summary(doc)
+    EXPECTED_PATH.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":  # python tests/test_doctor_cases.py  -> re-record tests/cases/expected.json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _record(Path(tmp))
