@@ -198,3 +198,34 @@ def test_architecture_file_and_def_sizes(path: Path) -> None:
     assert lines <= MAX_FILE_LINES, f"{path.relative_to(SRC)} has {lines} lines (at most {MAX_FILE_LINES}): split it"
     assert _long_defs(path) == [], f"functions over {MAX_DEF_LINES} lines (docstring included): split them"
 
+
+
+def _declared_all(module: str) -> set[str] | None:
+    for node in ast.parse(_files()[module].read_text(encoding="utf-8")).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def _names_imported_from_modules(module: str) -> list[tuple[str, str]]:
+    """(source module, name) for each ``from ampkit.X import name`` in ``module`` (submodules excluded)."""
+    path = _files()[module]
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            targets = _import_targets(node, module, is_package)
+            for alias, target in zip(node.names, targets):
+                if target in _files() and not target.endswith(f".{alias.name}") and target != module:
+                    found.append((target, alias.name))
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(_files()))
+def test_architecture_modules_import_only_listed_public_names(module: str) -> None:
+    for source, name in _names_imported_from_modules(module):
+        dunder = name.startswith("__") and name.endswith("__")
+        assert dunder or not name.startswith("_"), f"{module} imports the private {source}.{name}: make it public"
+        listed = _declared_all(source)
+        assert listed is not None and name in listed, f"{module} imports {name}, missing from {source}.__all__"

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["Fp32Policy", "KeepFp32Rule", "keep_fp32", "resolve_keep_fp32"]
+__all__ = ["Fp32Policy", "KeepFp32Rule", "keep_fp32", "release_fp32", "resolve_keep_fp32"]
 
 KeepFp32Rule = str | type[nn.Module]
 

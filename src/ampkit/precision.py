@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DEVICE_TYPES", "PRECISION_ALIASES", "Precision", "PrecisionError", "resolve_device"]
+__all__ = [
+    "DEVICE_TYPES",
+    "PRECISION_ALIASES",
+    "Precision",
+    "PrecisionError",
+    "cpu_has_fast_bf16",
+    "cpu_has_fast_fp16",
+    "resolve_device",
+]
 
 
 class PrecisionError(ValueError):

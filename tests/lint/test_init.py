@@ -1,7 +1,7 @@
 """``ampkit.lint`` as a package: its public face, and what its modules may take from each other.
 
-Each module's ``__all__`` lists every name another lint module imports from it, and no module
-imports another's private (``_name``) names: a helper two modules need is public in one of them.
+Every lint module declares ``__all__``; that it lists every name another module imports, and that no
+private name crosses modules, is checked for all of src/ampkit by tests/test_architecture.py.
 """
 
 from __future__ import annotations
@@ -27,15 +27,6 @@ def _all_of(module: str) -> set[str] | None:
     return None
 
 
-def _imported_names(module: str) -> list[tuple[str, str]]:
-    """(lint module, name) for each ``from ampkit.lint.X import name`` in ``module`` (submodules excluded)."""
-    found = []
-    for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module in MODULES:
-            found.extend((node.module, a.name) for a in node.names if f"{node.module}.{a.name}" not in MODULES)
-    return found
-
-
 def test_init_public_names_resolve() -> None:
     for name in ampkit.lint.__all__:
         assert getattr(ampkit.lint, name) is not None, name
@@ -44,10 +35,3 @@ def test_init_public_names_resolve() -> None:
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_init_every_module_declares_all(module: str) -> None:
     assert _all_of(module) is not None, f"{module} has no __all__"
-
-
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_init_modules_import_only_listed_public_names(module: str) -> None:
-    for source, name in _imported_names(module):
-        assert not name.startswith("_"), f"{module} imports the private {source}.{name}: make it public"
-        assert name in (_all_of(source) or set()), f"{module} imports {name}, missing from {source}.__all__"

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_bytes", "collective_device", "require_process_group"]
+__all__ = ["ProcessGroup", "all_gather_bytes", "collective_device", "describe_ranks", "require_process_group"]
 
 ProcessGroup = Any  # torch.distributed.ProcessGroup; None means the default group
 

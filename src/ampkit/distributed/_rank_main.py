@@ -15,6 +15,8 @@ import sys
 import traceback
 from pathlib import Path
 
+__all__ = ["RANK_DIR_ENV", "main"]
+
 RANK_DIR_ENV = "AMPKIT_RANK_DIR"
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "AlarmWarning",
     "GradNormSpikeAlarm",
     "LossNonFiniteAlarm",
+    "Monitor",
     "ScaleCollapseAlarm",
     "SkipRateAlarm",
     "TrainingStopped",

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["COLUMNS", "GradCounter", "MetricBuffer", "ModuleAbsmax"]
+__all__ = ["COL", "COLUMNS", "GradCounter", "MetricBuffer", "ModuleAbsmax"]
 
 COLUMNS = (
     "loss_sum",         # sum of the losses passed to mp.backward since the previous boundary
