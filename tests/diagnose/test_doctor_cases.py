@@ -157,7 +157,7 @@ def _record(tmp: Path) -> None:
     EXPECTED_PATH.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
 
 
-if __name__ == "__main__":  # python tests/test_doctor_cases.py  -> re-record tests/cases/expected.json
+if __name__ == "__main__":  # python tests/diagnose/test_doctor_cases.py  -> re-record tests/cases/expected.json
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:

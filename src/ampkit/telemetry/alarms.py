@@ -24,8 +24,8 @@ holding the running state.  Rules and default thresholds (docs/telemetry.md just
 
 Every alarm fires once per episode and re-arms when its condition clears.  Actions:
 ``"warn"`` (an ``AlarmWarning``), ``"stop"`` (raise ``TrainingStopped`` naming the alarm and its
-evidence, after the records were written to every sink), ``"doctor"`` (``engine.doctor.replay(reason=...)``
-when ``MixedPrecision(doctor=True)``, else a warning that the doctor is off).
+evidence, after the records were written to every sink), ``"doctor"`` (``engine.emit(HookEvent(kind="replay",
+reason=...))``, which an attached ``ReplayDoctor`` serves; a warning that the doctor is off when no hook does).
 
 >>> monitor = LossNonFiniteAlarm(action="warn").monitor()
 >>> event = monitor.observe({"step": 3, "rank": 0, "loss": float("nan"), "loss_nonfinite": True,
