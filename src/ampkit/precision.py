@@ -188,7 +188,7 @@ class Precision:
     def _check(name: str, dev: torch.device) -> None:
         if name == "bf16" and not _bf16_supported(dev):
             raise PrecisionError(
-                f"bf16 was requested on {dev} ({_device_name(dev)}), which does not support bfloat16; "
+                f"bf16 was requested on {dev} ({_device_name(dev)}), which does not support bf16; "
                 "use precision='fp16' (with loss scaling, the default) or 'fp32'"
             )
         if name == "fp16" and dev.type == "mps" and not torch.backends.mps.is_available():

@@ -76,7 +76,7 @@ class GradCounter:
         if workspace_elements is None:
             workspace_elements = _CPU_WORKSPACE if device.type == "cpu" else _DEVICE_WORKSPACE
         if not 1 <= workspace_elements <= 1 << 24:
-            raise ValueError(f"workspace_elements={workspace_elements}: must be in [1, 2**24] so a float32 "
+            raise ValueError(f"workspace_elements={workspace_elements}: must be in [1, 2**24] so an fp32 "
                              "mask sums exactly")
         self.workspace_elements = workspace_elements
         self._mask = torch.empty(0, dtype=torch.float32, device=device)

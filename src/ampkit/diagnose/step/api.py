@@ -303,7 +303,7 @@ class _Diagnosis:
                 return Finding(code="BACKWARD_OVERFLOW", severity=severity, message=message, fix=fix,
                                module=rec.module, op=rec.op, location=display_location(rec.location), step=self.step,
                                evidence=evidence)
-        message = (f"{where} produced non-finite {p.out_dtype} gradients from finite ones"
+        message = (f"{where} produced non-finite {dtype_name(p.out_dtype)} gradients from finite ones"
                    + (f" at loss scale {scale:g}, and still does at scale 1" if scale > 1.0 else
                       " with no loss scaling") + ": the gradient itself exceeds the format's range, so no loss scale ≥ 1 "
                    "avoids it")
