@@ -87,3 +87,14 @@ def test_distributed_launch_torchrun_reports_each_rank_exit_code(kill_and_resume
     assert killed.exit_codes[1] == -9 and killed.ranks[1].signal == "SIGKILL"
     assert "SIGKILL while writing shards" in killed.ranks[1].stdout
     assert not killed.ok and "rank 1: SIGKILL" in killed.describe()
+
+
+@pytest.mark.slow
+def test_distributed_launch_torchrun_destroy_process_group_frees_gloo_before_exit(tmp_path):
+    # The rank imports ampkit's engine after init_process_group (as every training script does);
+    # destroy_process_group must still end the gloo threads, or they are torn down during
+    # interpreter shutdown and can abort a rank that already reported exit code 0.
+    result = launch("dist_teardown", [], tmp_path)
+    assert result.ok, result.describe() + "\n" + "\n".join(r.stdout for r in result.ranks)
+    for rank in result.ranks:
+        assert "gloo threads after destroy_process_group: []" in rank.stdout

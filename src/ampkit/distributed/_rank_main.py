@@ -5,6 +5,20 @@
 2, so C++ and NCCL/gloo logs too) written to ``$AMPKIT_RANK_DIR/rank<R>.stdout|.stderr``, its
 pid to ``rank<R>.pid`` (so a timed-out launch can be killed), and its exit code to
 ``rank<R>.exit`` when it ends by itself.  A rank killed by a signal leaves no ``.exit`` file.
+
+Process-group teardown happens here, before the ``.exit`` file is written, never during
+interpreter shutdown:
+
+* ``torch.distributed.nn`` is imported *before* the module runs.  Its functions take
+  ``group=group.WORLD`` as a default argument, evaluated at import: imported after
+  ``init_process_group`` (``torch._dynamo`` imports it, and so does the first use of
+  ``ampkit.MixedPrecision``, ``torch.compile``, FSDP2 ...), those defaults hold the default
+  process group, so ``destroy_process_group()`` cannot free it.  Its gloo (or NCCL) threads and
+  sockets then live on until ``Py_Finalize`` clears that module and runs the C++ destructor in
+  the middle of interpreter teardown, racing with the other ranks' exits: a rank that had
+  written exit code 0 could still die with SIGABRT (``terminate called without an active
+  exception``) and fail the launch.  Imported first, the defaults are ``None``.
+* A process group the module left initialized is destroyed after it returns.
 """
 
 from __future__ import annotations
@@ -36,6 +50,31 @@ def _redirect(fd: int, path: Path) -> None:
     os.close(target)
 
 
+def _import_torch_distributed_nn() -> None:
+    """Import ``torch.distributed.nn`` while no process group exists (see the module docstring)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and not dist.is_initialized():
+            import torch.distributed.nn  # noqa: F401
+    except ImportError:  # no torch, or a build without distributed: nothing to protect
+        pass
+
+
+def _destroy_process_group() -> int:
+    """Destroy a process group the module left initialized; 1 if that fails, else 0."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return 0
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        print("_rank_main: destroy_process_group() failed after the module returned:", file=sys.stderr)
+        traceback.print_exc()
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -51,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     # Line-buffered, so the output of a rank that is killed is there up to its last line.
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     module, sys.argv = argv[0], [argv[0], *argv[1:]]
+    _import_torch_distributed_nn()
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
@@ -59,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         traceback.print_exc()
         code = 1
+    code = code or _destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     tmp = out / f".rank{rank}.exit.tmp"
