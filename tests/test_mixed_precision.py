@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 import ampkit
@@ -38,3 +40,9 @@ def test_mixed_precision_replay_event_reaches_the_doctor() -> None:
     assert mp.emit(HookEvent(kind="replay", reason="manual")) is True  # nothing captured: logged, no findings
     assert mp.doctor is not None and mp.doctor.findings == []
     assert MixedPrecision("fp16", device="cpu").emit(HookEvent(kind="replay")) is False
+
+
+def test_mixed_precision_signature_lists_every_engine_argument_and_the_shorthands() -> None:
+    shown = list(inspect.signature(MixedPrecision).parameters)
+    engine = list(inspect.signature(Engine).parameters)
+    assert shown == [*engine, "telemetry", "doctor"]

@@ -19,6 +19,7 @@ the shorthands only build the hooks and attach them after ``hooks=``, in that or
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from ampkit.diagnose.live import ReplayDoctor
@@ -70,3 +71,14 @@ class MixedPrecision(Engine):
             self.doctor = ReplayDoctor()
             self.add_hook(self.doctor)
 
+
+def _public_signature() -> inspect.Signature:
+    # ``**engine`` keeps the argument list in one place (Engine); this shows the full list to
+    # help(), IDEs and inspect.signature instead of an opaque ``**engine``.
+    engine = inspect.signature(Engine.__init__).parameters
+    own = inspect.signature(MixedPrecision.__init__).parameters
+    params = [*engine.values(), own["telemetry"], own["doctor"]]
+    return inspect.signature(MixedPrecision.__init__).replace(parameters=params)
+
+
+MixedPrecision.__init__.__signature__ = _public_signature()  # type: ignore[attr-defined]

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _dist_testlib import Loader, launch, loader
 
 from ampkit.distributed import TorchrunResult
+
+from ._dist_testlib import Loader, launch, loader
 
 
 @pytest.fixture(scope="session")

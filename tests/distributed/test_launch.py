@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _dist_testlib import launch
 
 import ampkit
 import ampkit.distributed as ad
+
+from ._dist_testlib import launch
 
 
 def test_distributed_scaling_efficiency_strong_and_weak():

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from _dist_testlib import differing
+
+from ._dist_testlib import differing
 
 pytestmark = pytest.mark.slow
 
