@@ -63,7 +63,7 @@ def test_checkpoint_never_runs_pickled_code(tmp_path) -> None:
 
     evil = tmp_path / "evil.pt"
     torch.save({"format": "ampkit.checkpoint/1", "model": Exploit()}, evil)
-    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+    with pytest.raises(CheckpointError, match="not allowed; refusing to execute them"):
         ampkit.load_checkpoint(evil, model=TinyNet())
     assert not marker.exists()
 
@@ -148,3 +148,75 @@ def test_checkpoint_atomic_write_uses_umask_mode(tmp_path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o644
+
+
+# Saves a 1 MiB model to sys.argv[1]; prints the error, then what the directory holds.
+SAVE_AND_REPORT = """
+import os, sys, torch, ampkit
+try:
+    ampkit.save_checkpoint(sys.argv[1], model=torch.nn.Linear(512, 512))
+    print("saved")
+except OSError as exc:
+    print(type(exc).__name__, exc.errno, exc)
+print(sorted(os.listdir(os.path.dirname(sys.argv[1]))))
+"""
+
+
+def test_checkpoint_save_on_a_full_disk_names_the_path_and_no_space(tmp_path) -> None:
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a mount namespace here (unshare --mount failed)")
+    target = tmp_path / "ck.pt"
+    script = f'mount -t tmpfs -o size=256k tmpfs {tmp_path} || exit 97; exec "$0" -c "$1" "$2"'
+    result = subprocess.run(["unshare", "--mount", "sh", "-c", script, sys.executable, SAVE_AND_REPORT, str(target)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if result.returncode == 97:
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {result.stderr.strip()}")
+    first, listing = result.stdout.splitlines()
+    assert first.startswith(f"OSError 28 cannot write {str(target)!r}: no space left on the device"), result
+    assert "inline_container" not in result.stdout + result.stderr
+    assert listing == "[]", "the partial temp file must be removed"
+
+
+def test_checkpoint_save_to_a_directory_names_it(tmp_path) -> None:
+    (tmp_path / "ck.pt").mkdir()
+    with pytest.raises(IsADirectoryError, match=rf"cannot write {str(tmp_path / 'ck.pt')!r}: it is a directory"):
+        ampkit.save_checkpoint(tmp_path / "ck.pt", model=TinyNet())
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
+
+
+def test_checkpoint_load_of_a_text_file_is_not_an_ampkit_checkpoint(tmp_path) -> None:
+    text = tmp_path / "notes.pt"
+    text.write_text("epoch 3, loss 0.25\n")
+    with pytest.raises(CheckpointError, match=r"notes.pt' is not an ampkit checkpoint \(it starts with b'epoch"):
+        ampkit.load_checkpoint(text, model=TinyNet())
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"not an ampkit checkpoint \(it is empty\)"):
+        ampkit.load_checkpoint(tmp_path / "empty.pt", model=TinyNet())
+
+
+def test_checkpoint_load_of_a_directory_names_it(tmp_path) -> None:
+    with pytest.raises(CheckpointError, match=r"is a directory, not a file.*load_distributed_checkpoint"):
+        ampkit.load_checkpoint(tmp_path, model=TinyNet())
+
+
+def test_checkpoint_load_of_pickled_code_refuses_and_never_suggests_unsafe_loading(tmp_path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "ampkit.checkpoint/1", "model": Exploit()}, evil)
+    with pytest.raises(CheckpointError) as err:
+        ampkit.load_checkpoint(evil, model=TinyNet())
+    message = str(err.value)
+    assert "contains objects that are not allowed; refusing to execute them" in message
+    assert "GLOBAL posix.system" in message or "GLOBAL os.system" in message, message
+    assert "weights_only=False" not in message and "will likely succeed" not in message
+    # No chained torch error either: a traceback would print its weights_only=False advice.
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+    assert not marker.exists()

@@ -44,3 +44,9 @@ def test_config_engine_views_derive_from_it() -> None:
     state = mp.state_dict()
     assert (state["precision"], state["grad_accumulation"]) == ("bf16", 4)
     assert "grad_accumulation=4" in repr(mp) and "clip_grad_norm=2.0" in repr(mp) and "skip_nonfinite=False" in repr(mp)
+
+
+@pytest.mark.parametrize("clip", ["1.0", True, [1.0]])
+def test_config_rejects_a_non_numeric_clip_grad_norm_by_name(clip: object) -> None:
+    with pytest.raises(TypeError, match=r"MixedPrecision\(clip_grad_norm=.*\): must be a number > 0 .* or None"):
+        ampkit.MixedPrecision("bf16", device="cpu", clip_grad_norm=clip)

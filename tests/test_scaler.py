@@ -171,3 +171,11 @@ def test_scaler_to_places_the_live_state_on_the_device() -> None:
     s.update(torch.zeros(()))
     moved = s.to(torch.device("cpu"))
     assert float(moved.scale_tensor("cpu")) == 16.0 and s.state_dict()["scale"] == 16.0
+
+
+@pytest.mark.parametrize("init_scale", [-1.0, 0.0, float("nan"), float("inf")])
+def test_scaler_dynamic_rejects_bad_init_scale_by_its_own_name(init_scale: float) -> None:
+    with pytest.raises(ValueError) as err:
+        DynamicLossScaler(init_scale=init_scale)
+    assert str(err.value).startswith(f"DynamicLossScaler(init_scale={init_scale!r}): must be a finite number > 0")
+    assert "StaticLossScaler" not in str(err.value) and "scale=" not in str(err.value).replace("init_scale=", "")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import stat
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -140,24 +141,79 @@ def check_extra(extra: dict[str, Any]) -> None:
     walk(extra, "extra")
 
 
+# Every file torch.save writes (and so every ampkit checkpoint) is a zip archive: it starts with a
+# zip local-file header.  A truncated checkpoint still does; a text file or a legacy pickle does not.
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of ``path``, or ``CheckpointError`` when it is missing or not a readable file."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is a directory, not a file; pass the file save_checkpoint wrote "
+            "(a directory written by save_distributed_checkpoint loads with load_distributed_checkpoint)"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a regular file; pass the file save_checkpoint wrote")
+    try:
+        with open(path, "rb") as f:
+            return f.read(16)
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({exc.strerror or exc})") from exc
+
+
+def _refused_object(exc: pickle.UnpicklingError) -> str | None:
+    """What torch's weights_only unpickler refused, or None when the error is not a refusal."""
+    text = str(exc)
+    if not text.startswith("Weights only load failed"):
+        return None
+    # The first paragraph is torch's advice to retry with weights_only=False: exactly what must
+    # not be done with a file that holds code.  Keep only the line that names the object.
+    lines = [line.strip() for line in text.split("\n\n")[1:] if line.strip()]
+    detail = next((line for line in lines if "weights_only" not in line), "")
+    return detail.splitlines()[0] if detail else "an object outside tensors, numbers, strings and containers"
+
+
 def _read(path: Path, map_location: Any) -> dict[str, Any]:
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    head = _head(path)
+    if not head.startswith(_ZIP_MAGIC):
+        what = "it is empty" if not head else f"it starts with {head!r}, not with the zip header torch.save writes"
+        raise CheckpointError(
+            f"{str(path)!r} is not an ampkit checkpoint ({what}); pass a file written by ampkit.save_checkpoint"
+        )
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError, OSError) as exc:
-        size = path.stat().st_size
+    except pickle.UnpicklingError as exc:
+        refused = _refused_object(exc)
+        if refused is None:
+            raise _corrupted(path, exc) from exc
+        # from None: the chained torch error would print its weights_only=False advice again.
         raise CheckpointError(
-            f"checkpoint {str(path)!r} ({size} bytes) is corrupted or truncated and cannot be loaded "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). It was not modified; "
-            "resume from an earlier checkpoint"
-        ) from exc
+            f"checkpoint {str(path)!r} contains objects that are not allowed; refusing to execute them "
+            f"({refused}). A checkpoint holds only tensors, numbers, strings and containers; this file "
+            "was not written by ampkit.save_checkpoint, or was altered since; treat it as untrusted"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError) as exc:
+        raise _corrupted(path, exc) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(
             f"{str(path)!r} is not an ampkit checkpoint (format {payload.get('format') if isinstance(payload, dict) else None!r}, "
             f"expected {FORMAT!r}); load it with torch.load(..., weights_only=True) yourself"
         )
     return payload
+
+
+def _corrupted(path: Path, exc: BaseException) -> CheckpointError:
+    size = path.stat().st_size
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return CheckpointError(
+        f"checkpoint {str(path)!r} ({size} bytes) is corrupted or truncated and cannot be loaded "
+        f"({type(exc).__name__}: {first}). It was not modified; resume from an earlier checkpoint"
+    )
 
 
 def load_checkpoint(

@@ -17,6 +17,7 @@ ValueError: MixedPrecision(grad_accumulation=0): must be an int >= 1 (the number
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,11 @@ class EngineConfig:
                 "(the number of micro-batches per optimizer step)"
             )
         clip = self.clip_grad_norm
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, numbers.Real)):
+            raise TypeError(
+                f"MixedPrecision(clip_grad_norm={clip!r}): must be a number > 0 (the max gradient norm, "
+                f"e.g. 1.0), or None to not clip; got a {type(clip).__name__} (convert it with float(...))"
+            )
         if clip is not None and not clip > 0:
             raise ValueError(f"MixedPrecision(clip_grad_norm={clip!r}): must be > 0, or None to not clip")
         object.__setattr__(self, "keep_fp32", tuple(self.keep_fp32))

@@ -217,6 +217,9 @@ class DynamicLossScaler(StaticLossScaler):
         hysteresis: int = 1,
         hysteresis_mode: HysteresisMode = "consecutive",
     ) -> None:
+        if not (math.isfinite(init_scale) and init_scale > 0):
+            raise ValueError(f"DynamicLossScaler(init_scale={init_scale!r}): must be a finite number > 0 "
+                             "(the first loss scale; torch's default is 2.0**16 = 65536.0)")
         super().__init__(init_scale)
         if not growth_factor > 1.0:
             raise ValueError(f"growth_factor={growth_factor!r} must be > 1.0 (torch's default is 2.0)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 from ampkit.lint import ALL_CODES, lint_file, lint_paths, lint_source, parse_codes
@@ -48,3 +50,15 @@ def test_checker_fix_leaves_a_file_without_amp101_untouched(tmp_path: Path) -> N
     violations, fixed, lines = lint_file(str(target), fix=True)
     assert ([v.code for v in violations], fixed, lines) == (["AMP113"], 0, 2)
     assert target.stat().st_mtime_ns == before
+
+
+def test_checker_directory_walk_skips_a_fifo_named_py(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "a_pipe.py")  # opening it would block until a writer appears
+    (tmp_path / "real.py").write_text("import torch\nx = torch.load('p')\n")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    code = ("import sys; from ampkit.lint import lint_paths; r = lint_paths([sys.argv[1]]); "
+            "print(r.files, [v.code for v in r.violations])")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True,
+                            text=True, timeout=30)
+    assert result.stdout == "1 ['AMP113']\n", result.stderr

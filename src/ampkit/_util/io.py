@@ -1,7 +1,15 @@
 """Atomic file writes: a temp file in the target's directory, fsync, rename, fsync the directory.
 
-An interrupted writer leaves the previous file intact and no partial file behind.  Imports no
-torch (``ampkit lint --fix`` uses it).
+An interrupted writer leaves the previous file intact and no partial file at the target.  Imports
+no torch (``ampkit lint --fix`` uses it).
+
+Temp files are named ``.NAME.<pid>-<host>.<random>.tmp``.  A writer killed mid-write (SIGKILL, an
+OOM kill, a power cut) cannot remove its own; the next write of the same path removes every one
+whose writer process no longer exists on this host, and never one whose writer still runs.
+
+A failed write raises ``OSError`` (the errno kept) whose message names the target, not the temp
+file, and says the cause in words: no space left, the file size limit, a read-only file system,
+a directory in the way.
 
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -13,13 +21,28 @@ torch (``ampkit lint --fix`` uses it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
+import socket
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
 
-__all__ = ["atomic_replace", "atomic_write_bytes", "atomic_write_text", "fsync_dir"]
+__all__ = [
+    "atomic_replace",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "fsync_dir",
+    "remove_stale_temps",
+]
+
+# NAME_MAX is 255 bytes; the pid, host tag and random part add up to ~35 more, so a long target
+# name is shortened in its temp names (the cleanup matches the same shortened prefix).
+_STEM_MAX = 200
+_TEMP_TAIL = re.compile(r"(\d+)-([0-9a-f]{8})\.[a-z0-9_]+\.tmp")
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -37,27 +60,162 @@ def _current_umask() -> int:
     return mask
 
 
+def _host_tag() -> str:
+    # The same pid on another host sharing the file system (NFS) is another process; without the
+    # host in the name a live writer there would look dead here and lose its temp file.
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name[:_STEM_MAX]}."
+
+
+def _writer_is_dead(pid: int) -> bool:
+    if pid <= 0 or os.name != "posix":  # os.kill(pid, 0) terminates the process on Windows
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: alive, owned by another user
+        return False
+    return False
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temp files that killed writes of ``path`` left behind; return the removed paths.
+
+    A temp file is stale when it was written on this host by a process that no longer exists (a
+    killed writer that its parent has not reaped yet still counts as alive).  Temp files of
+    running writers, of other hosts, and of other targets are never touched.  Best effort: a
+    file that cannot be removed is left.  Cost: one listing of the directory.
+    """
+    target = Path(path)
+    prefix, host = _temp_prefix(target), _host_tag()
+    removed: list[Path] = []
+    try:
+        entries = os.scandir(target.parent)
+    except OSError:
+        return removed
+    with entries:
+        for entry in entries:
+            if not entry.name.startswith(prefix):
+                continue
+            match = _TEMP_TAIL.fullmatch(entry.name[len(prefix):])
+            if match is None or match.group(2) != host or not _writer_is_dead(int(match.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _cause(err: OSError, target: Path) -> str:
+    parent = str(target.parent)
+    causes = {
+        errno.ENOSPC: "no space left on the device; free some space or write to another file system",
+        errno.EDQUOT: "the disk quota is exceeded (no space left for this user); free some space or raise the quota",
+        errno.EFBIG: "the file size limit is exceeded (the process's RLIMIT_FSIZE, `ulimit -f`, or the file "
+                     "system's largest file); raise the limit or write to another file system",
+        errno.EROFS: f"the directory {parent!r} is on a read-only file system; write to a writable directory",
+        errno.EACCES: f"no permission to create files in {parent!r}; write to a directory you can write to",
+        errno.EPERM: f"no permission to create files in {parent!r}; write to a directory you can write to",
+        errno.EISDIR: "it is a directory; pass the path of a file",
+        errno.ENOTDIR: f"{parent!r} or a directory above it is a file, not a directory; pass another path",
+        errno.ENAMETOOLONG: "the file name is too long for the file system; pass a shorter name",
+    }
+    return causes.get(err.errno or 0, err.strerror or str(err))
+
+
+def _explained(err: OSError, target: Path) -> OSError:
+    """An OSError of the same class and errno whose message names ``target`` and the cause."""
+    # OSError(errno, ...) picks the subclass (IsADirectoryError, PermissionError, ...); a message
+    # without strerror/filename prints as is, with no "[Errno N]" and no temp file name.
+    cls = type(OSError(err.errno, err.strerror)) if err.errno else OSError
+    kept = "; the file already there is unchanged" if target.is_file() else ""
+    new = cls(f"cannot write {str(target)!r}: {_cause(err, target)}{kept}")
+    new.errno = err.errno
+    return new
+
+
+class _RecordingFile:
+    """Forwards to a file and keeps the first OSError of a write or flush.
+
+    ``torch.save`` turns that error into ``RuntimeError: [enforce fail at inline_container.cc]``,
+    which names neither the file nor the cause; the recorded error restores both.
+    """
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self.error: OSError | None = None
+
+    def _record(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def write(self, data: Any) -> int:
+        return int(self._record(self._file.write, data))
+
+    def flush(self) -> None:
+        self._record(self._file.flush)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
+def _prepare_directory(target: Path) -> None:
+    if target.is_dir():
+        raise _explained(IsADirectoryError(errno.EISDIR, "Is a directory"), target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:  # a file where a directory of the path should be
+        raise _explained(NotADirectoryError(errno.ENOTDIR, "Not a directory"), target) from exc
+    except OSError as exc:
+        raise _explained(exc, target) from exc
+
+
 def atomic_replace(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object], *,
                    mode: int | None = None) -> None:
     """Call ``write(file)`` on a temp file next to ``path``, fsync it, rename it over ``path``.
 
     ``mode``: the new file's permission bits; default what a plain ``open()`` would give
-    (0666 minus the umask).  The parent directory is created when missing.
+    (0666 minus the umask).  The parent directory is created when missing.  Temp files of
+    earlier writes of ``path`` whose writer was killed are removed first (``remove_stale_temps``).
+    A failure raises ``OSError`` naming ``path`` and the cause; an exception of ``write`` itself
+    passes through unless a disk write caused it.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    _prepare_directory(target)
+    remove_stale_temps(target)  # first: the leftovers may be what fills the disk
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{_temp_prefix(target)}{os.getpid()}-{_host_tag()}.",
+                                   suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _explained(exc, target) from exc
+    ours = True  # False once the failure is write()'s own, which passes through as it is
     try:
         # mkstemp creates 0600; until this chmod the file is only stricter, never wider.
         os.fchmod(fd, (0o666 & ~_current_umask()) if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            recorder = _RecordingFile(f)
+            try:
+                write(cast(IO[bytes], recorder))
+            except Exception as exc:
+                ours = False
+                if recorder.error is None:
+                    raise
+                raise _explained(recorder.error, target) from exc
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if ours and isinstance(exc, OSError):
+            raise _explained(exc, target) from exc
         raise
     fsync_dir(target.parent)
 

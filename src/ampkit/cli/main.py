@@ -6,9 +6,11 @@ Exit codes: 0 success, 1 findings or failed verification, 2 usage or bad input.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ampkit.cli.errors import UsageError
 
@@ -33,9 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reject_unknown(parser: argparse.ArgumentParser, command: str | None, extras: list[str]) -> NoReturn:
+    """Exit 2 with the usage of the subcommand the unknown arguments followed, and a did-you-mean."""
+    target = parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command is not None:
+            target = action.choices.get(command, parser)
+    options = sorted({opt for action in target._actions for opt in action.option_strings})
+    named = []
+    for arg in extras:
+        flag = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, options, n=1) if flag.startswith("-") else []
+        named.append(f"{arg} (did you mean {close[0]}?)" if close else arg)
+    target.error(f"unrecognized arguments: {' '.join(named)}; see {target.prog} --help")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # parse_args would report an unknown option with the top-level usage, which lists only the
+    # subcommands; the subcommand's own usage shows the options the user was reaching for.
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _reject_unknown(parser, getattr(args, "command", None), extras)
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2

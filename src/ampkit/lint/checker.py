@@ -146,7 +146,8 @@ def _excluded(rel: str, is_dir: bool, patterns: list[tuple[str, bool, bool]]) ->
 
 def iter_python_files(paths: Sequence[str], exclude: Sequence[str] = ()) -> Iterator[str]:
     """Python files under ``paths`` in sorted order.  Files named explicitly are always included
-    unless an ``exclude`` pattern matches them; directories contribute their ``*.py`` files."""
+    unless an ``exclude`` pattern matches them (even a pipe such as ``/dev/stdin``); directories
+    contribute their ``*.py`` regular files (FIFOs, sockets, devices and broken links are skipped)."""
     patterns = _compile_excludes(exclude)
     for root in paths:
         if not os.path.isdir(root):
@@ -163,5 +164,9 @@ def iter_python_files(paths: Sequence[str], exclude: Sequence[str] = ()) -> Iter
                 and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))
             )
             for name in sorted(filenames):
-                if name.endswith(".py") and not _excluded(rel_dir + name, False, patterns):
-                    yield os.path.normpath(os.path.join(dirpath, name))
+                full = os.path.join(dirpath, name)
+                # Regular files only (through symlinks): opening a FIFO named *.py blocks until
+                # someone writes to it, a device may never end.  Costs one stat per *.py file.
+                if (name.endswith(".py") and not _excluded(rel_dir + name, False, patterns)
+                        and os.path.isfile(full)):
+                    yield os.path.normpath(full)

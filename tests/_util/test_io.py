@@ -1,0 +1,176 @@
+"""``ampkit._util.io``: temp files of killed writers are removed, those of live writers kept; failed
+writes name the target and the cause.  Real processes, signals and file systems (a small tmpfs,
+a read-only mount, RLIMIT_FSIZE), since root ignores permission bits."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ampkit._util.io import atomic_write_bytes
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+
+# Writes 1 MiB into the temp file, says so, then blocks mid-write until killed.
+BLOCKED_WRITER = """
+import sys, time
+from ampkit._util.io import atomic_replace
+def write(f):
+    f.write(b"x" * (1 << 20))
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+atomic_replace(sys.argv[1], write)
+"""
+
+# Writes sys.argv[2] bytes to sys.argv[1]; prints the error message and what the directory holds.
+WRITE_AND_REPORT = """
+import os, sys
+from ampkit._util.io import atomic_write_bytes
+try:
+    atomic_write_bytes(sys.argv[1], b"x" * int(sys.argv[2]))
+    print("written")
+except OSError as exc:
+    print(type(exc).__name__, exc.errno, exc)
+print(sorted(os.listdir(os.path.dirname(sys.argv[1]))))
+"""
+
+
+def start_blocked_writer(target: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_WRITER, str(target)], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line == "writing\n", proc.stderr.read() if proc.stderr else line
+    return proc
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait(timeout=30)  # reaped: a zombie still counts as a live writer
+
+
+def temps(directory: Path, name: str) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(f".{name}.") and p.name.endswith(".tmp"))
+
+
+def test_io_save_removes_the_temp_file_of_a_killed_writer(tmp_path: Path) -> None:
+    target = tmp_path / "out.bin"
+    writer = start_blocked_writer(target)
+    kill(writer)
+    assert temps(tmp_path, "out.bin"), "a SIGKILLed writer leaves its temp file (the fault to clean up)"
+    assert temps(tmp_path, "out.bin")[0].startswith(f".out.bin.{writer.pid}-")
+    atomic_write_bytes(target, b"new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+    assert target.read_bytes() == b"new"
+
+
+def test_io_save_keeps_the_temp_file_of_a_live_writer(tmp_path: Path) -> None:
+    target = tmp_path / "out.bin"
+    writer = start_blocked_writer(target)
+    try:
+        live = temps(tmp_path, "out.bin")
+        atomic_write_bytes(target, b"mine")
+        assert temps(tmp_path, "out.bin") == live and len(live) == 1
+        assert (tmp_path / live[0]).stat().st_size == 1 << 20, "the live writer's data must be untouched"
+        assert target.read_bytes() == b"mine"
+    finally:
+        kill(writer)
+
+
+def test_io_save_keeps_temp_files_of_other_targets_and_other_hosts(tmp_path: Path) -> None:
+    writer = start_blocked_writer(tmp_path / "out.bin")
+    kill(writer)
+    [leftover] = temps(tmp_path, "out.bin")  # .out.bin.<pid>-<host>.<random>.tmp
+    pid_host, rest = leftover[len(".out.bin."):].split(".", 1)
+    host = pid_host.split("-")[1]
+    other_host = f".out.bin.{writer.pid}-{'0' * 8 if host != '0' * 8 else 'f' * 8}.{rest}"
+    (tmp_path / other_host).write_bytes(b"partial, from another host on a shared file system")
+    atomic_write_bytes(tmp_path / "out", b"1")  # its temp names start with ".out." too
+    assert temps(tmp_path, "out.bin") == sorted([leftover, other_host])
+    atomic_write_bytes(tmp_path / "out.bin", b"2")
+    assert temps(tmp_path, "out.bin") == [other_host]
+
+
+def test_io_write_to_a_directory_names_the_target_not_a_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "report.json"
+    target.mkdir()
+    with pytest.raises(IsADirectoryError) as err:
+        atomic_write_bytes(target, b"{}")
+    assert str(err.value).startswith(f"cannot write {str(target)!r}: it is a directory")
+    assert ".report.json." not in str(err.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_io_write_below_a_file_names_the_target_and_the_file_in_the_way(tmp_path: Path) -> None:
+    (tmp_path / "out").write_text("a file, not a directory")
+    target = tmp_path / "out" / "report.json"
+    with pytest.raises(NotADirectoryError, match=r"cannot write .*report.json'.*is a file, not a directory"):
+        atomic_write_bytes(target, b"{}")
+
+
+def test_io_write_callback_error_passes_through_unchanged(tmp_path: Path) -> None:
+    from ampkit._util.io import atomic_replace
+
+    def write(f: object) -> None:
+        (tmp_path / "missing-input").read_bytes()  # the callback's own I/O error, not a failed write
+
+    with pytest.raises(FileNotFoundError, match="missing-input"):
+        atomic_replace(tmp_path / "out.bin", write)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_io_file_size_limit_names_the_target_and_the_limit(tmp_path: Path) -> None:
+    target = tmp_path / "big.bin"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    result = subprocess.run([sys.executable, "-c", WRITE_AND_REPORT, str(target), str(1 << 20)], env=ENV,
+                            preexec_fn=limit, capture_output=True, text=True, timeout=60)
+    first, listing = result.stdout.splitlines()
+    assert first.startswith(f"OSError 27 cannot write {str(target)!r}: the file size limit is exceeded"), result
+    assert listing == "[]", "the partial temp file must be removed"
+
+
+def run_in_mount_namespace(mount: str, directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run WRITE_AND_REPORT in a private mount namespace after the shell commands ``mount``."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a mount namespace here: {probe.stderr.strip()}")
+    script = f'{{ {mount}; }} || exit 97; exec "$0" -c "$1" "$2" "$3"'
+    result = subprocess.run(["unshare", "--mount", "sh", "-c", script, sys.executable, WRITE_AND_REPORT, *args],
+                            env=ENV, cwd=directory, capture_output=True, text=True, timeout=60)
+    if result.returncode == 97:
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {result.stderr.strip()}")
+    return result
+
+
+def test_io_disk_full_names_the_target_and_no_space(tmp_path: Path) -> None:
+    target = tmp_path / "out.bin"
+    result = run_in_mount_namespace(f"mount -t tmpfs -o size=64k tmpfs {tmp_path}", tmp_path,
+                                    str(target), str(1 << 20))
+    first, listing = result.stdout.splitlines()
+    assert first == (f"OSError 28 cannot write {str(target)!r}: no space left on the device; free some space "
+                     "or write to another file system"), result
+    assert listing == "[]", "the partial temp file must be removed"
+
+
+def test_io_read_only_directory_names_the_target_not_a_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "report.json"
+    result = run_in_mount_namespace(
+        f"mount -t tmpfs -o size=64k tmpfs {tmp_path} && mount -o remount,ro {tmp_path}", tmp_path,
+        str(target), "2")
+    first, _ = result.stdout.splitlines()
+    assert first.startswith(f"OSError 30 cannot write {str(target)!r}: the directory {str(tmp_path)!r} is on a "
+                            "read-only file system"), result
+    assert ".report.json." not in first
