@@ -220,3 +220,83 @@ def test_checkpoint_load_of_pickled_code_refuses_and_never_suggests_unsafe_loadi
     # No chained torch error either: a traceback would print its weights_only=False advice.
     assert err.value.__cause__ is None and err.value.__suppress_context__
     assert not marker.exists()
+# -- a checkpoint that does not fit changes nothing ------------------------------------------------
+def _params(*modules: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for m in modules for p in m.parameters()]
+
+
+def _unchanged(before: list[torch.Tensor], *modules: torch.nn.Module) -> bool:
+    after = [p for m in modules for p in m.parameters()]
+    return len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def _saved(tmp_path: Path, **kw) -> Path:
+    model, opt, mp = trained(tmp_path, steps=4)
+    return ampkit.save_checkpoint(tmp_path / "ck.pt", model=model, optimizer=opt, engine=mp, **kw)
+
+
+def test_checkpoint_mismatched_optimizer_groups_raise_and_leave_the_model_untouched(tmp_path) -> None:
+    path = _saved(tmp_path)
+    model = TinyNet()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:]}], lr=1e-2)
+    before = _params(model)
+    with pytest.raises(CheckpointError, match=r"optimizer\[0\] \(AdamW\).*1 parameter group.*2 of sizes"):
+        ampkit.load_checkpoint(path, model=model, optimizer=opt)
+    assert _unchanged(before, model)
+
+
+def test_checkpoint_optimizer_state_of_other_shapes_raises_and_leaves_everything_untouched(tmp_path) -> None:
+    # Same number of parameters, other order: torch would load exp_avg of one shape onto another.
+    path = _saved(tmp_path)
+    model = TinyNet()
+    opt = torch.optim.AdamW(list(reversed(list(model.parameters()))), lr=1e-2)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", grad_accumulation=2)
+    before = _params(model)
+    with pytest.raises(CheckpointError, match=r"optimizer state does not fit the parameters \(parameter 0 exp_avg"):
+        ampkit.load_checkpoint(path, model=model, optimizer=opt, engine=mp)
+    assert _unchanged(before, model) and not opt.state and mp.optimizer_steps == 0
+
+
+def test_checkpoint_model_shape_mismatch_raises_before_copying_the_layers_that_fit(tmp_path) -> None:
+    small = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    ampkit.save_checkpoint(tmp_path / "ck.pt", model=small)
+    big = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    before = _params(big)
+    with pytest.raises(CheckpointError, match=r"shape mismatch \['1\.weight: saved \(2, 8\), here \(3, 8\)'"):
+        ampkit.load_checkpoint(tmp_path / "ck.pt", model=big)
+    assert _unchanged(before, big)  # torch alone would have copied layer 0 before raising
+
+
+def test_checkpoint_engine_precision_mismatch_raises_and_leaves_model_and_optimizer_untouched(tmp_path) -> None:
+    path = _saved(tmp_path)
+    model = TinyNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = _params(model)
+    with pytest.raises(CheckpointError, match=r"engine state does not fit: .*saved with precision='fp16'"):
+        ampkit.load_checkpoint(path, model=model, optimizer=opt, engine=ampkit.MixedPrecision("bf16", device="cpu"))
+    assert _unchanged(before, model) and not opt.state
+
+
+def test_checkpoint_mid_window_accumulation_mismatch_raises_and_leaves_model_untouched(tmp_path) -> None:
+    model, opt, mp = trained(tmp_path, steps=3)  # mid-window: 1 of 2 micro-batches
+    ampkit.save_checkpoint(tmp_path / "ck.pt", model=model, optimizer=opt, engine=mp)
+    target = TinyNet()
+    before = _params(target)
+    with pytest.raises(CheckpointError, match=r"saved mid-window \(1 of 2 micro-batches\).*accumulates 4"):
+        ampkit.load_checkpoint(tmp_path / "ck.pt", model=target,
+                               engine=ampkit.MixedPrecision("fp16", device="cpu", grad_accumulation=4))
+    assert _unchanged(before, target) and all(p.grad is None for p in target.parameters())
+
+
+def test_checkpoint_scheduler_of_another_kind_raises_and_leaves_everything_untouched(tmp_path) -> None:
+    model, opt, mp = trained(tmp_path, steps=4)
+    ampkit.save_checkpoint(tmp_path / "ck.pt", model=model, optimizer=opt, engine=mp,
+                           scheduler=torch.optim.lr_scheduler.StepLR(opt, step_size=3))
+    target = TinyNet()
+    opt2 = torch.optim.AdamW(target.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt2, T_max=10)
+    before, sched_before = _params(target), sched.state_dict()
+    with pytest.raises(CheckpointError, match=r"scheduler\[0\] \(CosineAnnealingLR\): the saved state lacks \['T_max'"):
+        ampkit.load_checkpoint(tmp_path / "ck.pt", model=target, optimizer=opt2, scheduler=sched)
+    assert _unchanged(before, target) and not opt2.state and sched.state_dict() == sched_before

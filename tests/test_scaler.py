@@ -20,7 +20,7 @@ def test_scaler_defaults_match_torch_gradscaler() -> None:
     assert ours.state_dict()["scale"] == theirs.get_scale() == 2.0**16
     assert (ours.growth_factor, ours.backoff_factor, ours.growth_interval) == (
         theirs.get_growth_factor(), theirs.get_backoff_factor(), theirs.get_growth_interval())
-    assert ours.max_scale == 2.0**24 and ours.min_scale is None and ours.hysteresis == 1
+    assert ours.max_scale == 2.0**24 and ours.min_scale == 2.0**-149 and ours.hysteresis == 1
 
 
 def _drive_gradscaler(scaler: torch.amp.GradScaler, pattern: list[bool]) -> None:
@@ -179,3 +179,54 @@ def test_scaler_dynamic_rejects_bad_init_scale_by_its_own_name(init_scale: float
         DynamicLossScaler(init_scale=init_scale)
     assert str(err.value).startswith(f"DynamicLossScaler(init_scale={init_scale!r}): must be a finite number > 0")
     assert "StaticLossScaler" not in str(err.value) and "scale=" not in str(err.value).replace("init_scale=", "")
+def test_scaler_default_min_scale_never_binds_while_gradscaler_scale_is_positive() -> None:
+    # GradScaler's update is torch._amp_update_scale_ on its scale tensor; drive both with overflows.
+    ours = DynamicLossScaler()
+    theirs, tracker = torch.full((), 2.0**16), torch.zeros((), dtype=torch.int32)
+    for _ in range(200):
+        ours.update(OVERFLOW)
+        torch._amp_update_scale_(theirs, tracker, OVERFLOW, 2.0, 0.5, 2000)
+        if float(theirs) > 0:
+            assert torch.equal(ours.scale_tensor(), theirs)
+    assert float(theirs) == 0.0, "GradScaler's scale reaches exactly 0 after ~166 overflows"
+    assert scale_of(ours) == 2.0**-149 == ampkit.scaler.DEFAULT_MIN_SCALE
+
+
+def test_scaler_skips_a_clean_step_whose_inverse_scale_overflows_fp32() -> None:
+    # 1/2**-140 is not an fp32 number: unscaling would turn these finite gradients into inf/NaN.
+    grads = [torch.tensor([0.0, 1e-30])]
+    found = DynamicLossScaler(init_scale=2.0**-140).unscale_(grads, torch.zeros(()))
+    assert float(found) == 1.0
+    normal = DynamicLossScaler(init_scale=2.0**-120).unscale_([torch.tensor([0.0, 1e-30])], torch.zeros(()))
+    assert float(normal) == 0.0
+
+
+@pytest.mark.parametrize("scaler", [DynamicLossScaler, StaticLossScaler])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -2.0, "1024"])
+def test_scaler_load_state_dict_rejects_a_scale_that_is_not_finite_and_positive(scaler, bad) -> None:
+    s = scaler(init_scale=8.0) if scaler is DynamicLossScaler else scaler(8.0)
+    state = {**s.state_dict(), "scale": bad}
+    with pytest.raises(ValueError, match=r"scale=.* must be a finite number > 0"):
+        s.load_state_dict(state)
+    assert scale_of(s) == 8.0  # nothing was loaded
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("_growth_tracker", -1, "_growth_tracker=-1 must be an int >= 0"),
+    ("growth_factor", 0.5, "growth_factor=0.5 must be a number > 1"),
+    ("hysteresis_mode", "sometimes", "'consecutive' or 'windowed'"),
+    ("min_scale", 0.0, "min_scale=0.0 must be None or a finite number > 0"),
+])
+def test_scaler_load_state_dict_rejects_bad_fields_and_changes_nothing(key, value, message) -> None:
+    s = DynamicLossScaler(init_scale=8.0)
+    before = s.state_dict()
+    with pytest.raises(ValueError, match=message):
+        s.load_state_dict({**before, key: value})
+    assert s.state_dict() == before
+
+
+def test_scaler_load_state_dict_warns_on_unknown_keys_and_loads_the_rest() -> None:
+    s = DynamicLossScaler()
+    with pytest.warns(UserWarning, match=r"ignoring unknown keys \['from_the_future'\]"):
+        s.load_state_dict({**DynamicLossScaler(init_scale=4.0).state_dict(), "from_the_future": 1})
+    assert scale_of(s) == 4.0

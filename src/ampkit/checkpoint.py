@@ -228,8 +228,10 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore a checkpoint in place and return its ``extra`` dict.
 
-    Raises ``CheckpointError`` for a missing, corrupted or truncated file, or when the number of
-    optimizers/schedulers or the engine state does not fit what is passed in.
+    Raises ``CheckpointError`` for a missing, corrupted or truncated file, or when a part does not
+    fit what is passed in: parameter names and shapes, the optimizers' parameter groups and state
+    shapes, the schedulers, the engine's precision and accumulation position.  All of that is
+    checked before anything is modified, so after the error every object is as it was.
     """
     p = Path(path)
     payload = _read(p, map_location)
@@ -245,6 +247,9 @@ def load_checkpoint(
             "accumulation position cannot be restored (ampkit finding CHECKPOINT_MISSING_SCALER); "
             "save with save_checkpoint(..., engine=mp)"
         )
+    # Every part is checked against its target before the first one is written, so a checkpoint
+    # that does not fit leaves model, optimizer, scheduler and engine exactly as they were.
+    _check_fits(str(p), payload, model, opts, scheds, engine)
     model.load_state_dict(payload["model"])
     for o, sd in zip(opts, payload["optimizer"]):
         o.load_state_dict(sd)
@@ -260,3 +265,98 @@ def load_checkpoint(
     if restore_rng:
         restore_rng_state(payload["rng"])
     return dict(payload["extra"])
+
+
+# Optimizer state entries that torch.optim keeps shaped like their parameter.  Other entries
+# (Adafactor's factored row_var/col_var, LBFGS's flat vectors, a custom optimizer's) are compared
+# only with the target optimizer's own state, when it already has one.
+_PARAM_SHAPED = frozenset({
+    "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "acc_delta", "grad_avg",
+    "sum", "ax", "prev", "step_size", "exp_inf", "variance",
+})
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check_fits(where: str, payload: dict[str, Any], model: nn.Module, opts: list[Any], scheds: list[Any],
+                engine: Engine | None) -> None:
+    """Raise ``CheckpointError`` when a part of ``payload`` does not fit its target; modifies nothing."""
+    target = model.state_dict()
+    _check_tensors(where, "model", payload["model"], target, "build the model with the same architecture")
+    params = dict(model.named_parameters())
+    _check_tensors(where, "accumulated gradients", payload.get("grads") or {}, params, "", subset=True)
+    for i, (o, sd) in enumerate(zip(opts, payload["optimizer"])):
+        _check_optimizer(f"{where}: optimizer[{i}] ({type(o).__name__})", o, sd)
+    for i, (s, sd) in enumerate(zip(scheds, payload["scheduler"])):
+        _check_scheduler(f"{where}: scheduler[{i}] ({type(s).__name__})", s, sd)
+    if engine is not None:
+        try:
+            engine.check_state_dict(payload["engine"])
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise CheckpointError(f"{where}: the engine state does not fit: {exc}") from exc
+
+
+def _check_tensors(where: str, label: str, saved: Any, target: dict[str, Any], fix: str, subset: bool = False) -> None:
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{where}: the {label} entry is a {type(saved).__name__}, not a state dict")
+    missing = [] if subset else [k for k in target if k not in saved]
+    unexpected = [k for k in saved if k not in target]
+    shapes = [f"{k}: saved {_shape(v)}, here {_shape(target[k])}" for k, v in saved.items()
+              if k in target and isinstance(v, torch.Tensor) and isinstance(target[k], torch.Tensor)
+              and v.shape != target[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f"{name} {items[:5]}{' ...' if len(items) > 5 else ''}"
+                 for name, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes))
+                 if items]
+        raise CheckpointError(f"{where}: the {label} does not fit ({'; '.join(parts)}); nothing was loaded. "
+                              + (fix or "load it into the model it was saved from"))
+
+
+def _check_optimizer(where: str, opt: Any, saved: Any) -> None:
+    if not (isinstance(saved, dict) and isinstance(saved.get("param_groups"), list) and "state" in saved):
+        raise CheckpointError(f"{where}: the saved entry is not an optimizer state_dict() (needs 'state' and "
+                              "'param_groups')")
+    sizes = [len(g["params"]) for g in opt.param_groups]
+    saved_sizes = [len(g["params"]) for g in saved["param_groups"]]
+    if sizes != saved_sizes:
+        raise CheckpointError(
+            f"{where}: the saved optimizer has {len(saved_sizes)} parameter group(s) of sizes {saved_sizes}, this "
+            f"one {len(sizes)} of sizes {sizes}; nothing was loaded. Build the optimizer over the same parameters, "
+            "in the same groups and order, as the run that saved it"
+        )
+    # torch maps the saved parameter ids to this optimizer's parameters in group order.
+    params = [p for g in opt.param_groups for p in g["params"]]
+    by_id = dict(zip((i for g in saved["param_groups"] for i in g["params"]), params))
+    bad = []
+    for pid, entry in saved["state"].items():
+        p = by_id.get(pid)
+        if p is None or not isinstance(entry, dict):
+            continue
+        own = opt.state.get(p, {})
+        for key, v in entry.items():
+            if not isinstance(v, torch.Tensor) or v.dim() == 0:
+                continue
+            expected = own[key] if isinstance(own.get(key), torch.Tensor) else (p if key in _PARAM_SHAPED else None)
+            if expected is not None and v.shape != expected.shape:
+                bad.append(f"parameter {pid} {key}: saved {_shape(v)}, here {_shape(expected)}")
+    if bad:
+        raise CheckpointError(f"{where}: the optimizer state does not fit the parameters ({'; '.join(bad[:5])}); "
+                              "nothing was loaded. Build the optimizer over the same parameters in the same order")
+
+
+def _check_scheduler(where: str, sched: Any, saved: Any) -> None:
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{where}: the saved entry is a {type(saved).__name__}, not a scheduler state_dict()")
+    target = sched.state_dict()
+    # Private keys and 'verbose' come and go between torch versions; the public settings name the kind.
+    missing = [k for k in target if not k.startswith("_") and k != "verbose" and k not in saved]
+    if missing:
+        raise CheckpointError(f"{where}: the saved state lacks {missing}, so it comes from another kind of scheduler "
+                              f"(saved keys {sorted(saved)}); nothing was loaded. Build the same scheduler as the "
+                              "run that saved it")
+    base, saved_base = target.get("base_lrs"), saved.get("base_lrs")
+    if isinstance(base, list) and isinstance(saved_base, list) and len(base) != len(saved_base):
+        raise CheckpointError(f"{where}: the saved scheduler drives {len(saved_base)} parameter group(s), this one "
+                              f"{len(base)}; nothing was loaded. Build it over an optimizer with the same groups")

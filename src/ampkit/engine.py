@@ -31,6 +31,7 @@ from torch import nn
 
 from ampkit import hooks as _hooks
 from ampkit._guards import check_eps, check_param
+from ampkit._state import EngineState, check_engine_state
 from ampkit._util.dtensor import local_shard
 from ampkit.config import EngineConfig
 from ampkit.policy import Fp32Policy, KeepFp32Rule
@@ -293,25 +294,24 @@ class Engine:
             "scaler": self.scaler.state_dict(),
         }
 
+    def check_state_dict(self, state_dict: dict[str, Any]) -> EngineState:
+        """Raise unless ``state_dict`` fits this engine (keys, types, ranges, precision); changes nothing."""
+        state = check_engine_state(state_dict, precision=self.precision.name, grad_accumulation=self.grad_accumulation)
+        if state.scaler or not self.scaler.enabled:  # saved without loss scaling: the scaler starts fresh
+            self.scaler.check_state_dict(state.scaler)
+        return state
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = state_dict.get("precision")
-        if saved is not None and saved != self.precision.name:
-            raise ValueError(
-                f"this engine state was saved with precision={saved!r} but the engine runs "
-                f"{self.precision.name!r}; build MixedPrecision({saved!r}, ...) to resume it, or start "
-                "the new precision without loading the engine state"
-            )
-        micro = int(state_dict.get("micro_step", 0))
-        if micro and int(state_dict.get("grad_accumulation", self.grad_accumulation)) != self.grad_accumulation:
-            raise ValueError(
-                f"the checkpoint was saved mid-window ({micro} of {state_dict['grad_accumulation']} "
-                f"micro-batches) but this engine accumulates {self.grad_accumulation}; resume with the "
-                "same grad_accumulation or save at a boundary"
-            )
-        self.micro_step = micro
-        self.optimizer_steps = int(state_dict.get("optimizer_steps", 0))
-        if state_dict.get("scaler"):
-            self.scaler.load_state_dict(state_dict["scaler"])
+        """Restore ``state_dict()``, or the scaler from a ``torch.amp.GradScaler.state_dict()``.
+
+        Everything is checked before anything changes.  A GradScaler state sets only the scaler:
+        the accumulation position and ``optimizer_steps`` stay as they are.
+        """
+        state = self.check_state_dict(state_dict)
+        if state.micro_step is not None and state.optimizer_steps is not None:
+            self.micro_step, self.optimizer_steps = state.micro_step, state.optimizer_steps
+        if state.scaler:
+            self.scaler.load_state_dict(state.scaler)
             self.scaler.to(self.device)
 
     # -- internals ---------------------------------------------------------------------------------

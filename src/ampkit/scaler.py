@@ -4,6 +4,7 @@ All scaler state lives on the device (``scale``, growth tracker, hysteresis coun
 scaling, unscaling, the overflow check and the update never synchronise with the host.
 ``DynamicLossScaler.state_dict()`` has the exact layout of ``torch.amp.GradScaler.state_dict()``
 (plus ampkit's extra keys, which GradScaler ignores), so either can resume from the other.
+``load_state_dict`` checks the whole state (``check_state_dict``) before it assigns anything.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ampkit._state import check_dynamic_scaler_state, check_static_scaler_state
+
 if TYPE_CHECKING:
     from ampkit.precision import Precision
 
 __all__ = [
+    "DEFAULT_MIN_SCALE",
     "DynamicLossScaler",
     "LossScaler",
     "NoLossScaler",
@@ -29,6 +33,10 @@ __all__ = [
 ]
 
 HysteresisMode = Literal["consecutive", "windowed"]
+
+DEFAULT_MIN_SCALE = 2.0**-149
+"""``DynamicLossScaler``'s default floor, the smallest positive fp32: it never binds while
+``torch.amp.GradScaler``'s scale is positive, so both match bit for bit until GradScaler's is 0.0."""
 
 
 def unscale_and_check_(
@@ -123,8 +131,22 @@ class LossScaler:
     def state_dict(self) -> dict[str, Any]:
         return {}
 
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raise unless ``state_dict`` can be loaded; changes nothing (``load_state_dict`` calls it first)."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"{type(self).__name__} state must be a dict, got {type(state_dict).__name__}")
+        if "scale" in state_dict:
+            raise ValueError(
+                f"the state holds a loss scale ({state_dict['scale']!r}) but this scaler is {type(self).__name__} "
+                "(no loss scaling), so it would be dropped; build the engine with scaler='dynamic' (fp16) to "
+                "resume it, or load only the model and optimizer"
+            )
+        if state_dict:
+            warnings.warn(f"{type(self).__name__} state: ignoring unknown keys {sorted(state_dict)}", UserWarning,
+                          stacklevel=3)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        del state_dict
+        self.check_state_dict(state_dict)
 
 
 class NoLossScaler(LossScaler):
@@ -168,12 +190,22 @@ class StaticLossScaler(LossScaler):
     def unscale_(self, grads: Iterable[torch.Tensor], found_inf: torch.Tensor) -> torch.Tensor:
         # Same reciprocal as GradScaler (computed in float64) so results match bit for bit.
         inv_scale = self.scale_tensor(found_inf.device).double().reciprocal().float()
-        return unscale_and_check_(grads, inv_scale, found_inf)
+        unscale_and_check_(grads, inv_scale, found_inf)
+        # A scale of 0, or below 2**-128, has no finite fp32 reciprocal.  The fused check reads the
+        # *scaled* gradients, finds them finite, and the multiply by inf then writes inf/NaN into
+        # every one: GradScaler applies that step and the weights turn NaN.  Skip it instead.  Two
+        # scalar kernels, no host sync; max keeps found_inf at exactly 1.0 for the fused optimizers.
+        bad = torch.isfinite(inv_scale).logical_not_().to(found_inf.dtype)
+        return torch.maximum(found_inf, bad, out=found_inf)
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self._init_scale}
 
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        check_static_scaler_state(state_dict)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.check_state_dict(state_dict)
         self._init_scale = float(state_dict["scale"])
         self._scale = None
 
@@ -189,7 +221,14 @@ class DynamicLossScaler(StaticLossScaler):
        overflows are still tolerated (then only the step is skipped);
     3. after ``growth_interval`` clean steps in a row ``scale *= growth_factor``, never above
        ``max_scale`` (growth is capped; an ``init_scale`` above it is only backed off from);
-    4. the scale never backs off below ``min_scale`` when one is given.
+    4. the scale never backs off below ``min_scale``.
+
+    ``min_scale`` defaults to ``DEFAULT_MIN_SCALE`` (2**-149, the smallest positive fp32): it never
+    binds while ``torch.amp.GradScaler``'s scale is positive, so the two stay bit-identical until
+    GradScaler's scale would become exactly 0.0 (~166 overflows in a row from 2**16).  A step whose
+    ``1/scale`` overflows fp32 (a scale below 2**-128, this floor included) is always skipped:
+    unscaling would make every gradient inf/NaN.  ``None`` removes the floor.  Telemetry's
+    ``SCALE_COLLAPSE`` alarm fires when the scale sits at its floor.
 
     ``hysteresis_mode="consecutive"`` forgives overflows as soon as one clean step happens;
     ``"windowed"`` counts every overflow until the scale next grows (a burst of alternating
@@ -213,7 +252,7 @@ class DynamicLossScaler(StaticLossScaler):
         growth_interval: int = 2000,
         *,
         max_scale: float | None = 2.0**24,
-        min_scale: float | None = None,
+        min_scale: float | None = DEFAULT_MIN_SCALE,
         hysteresis: int = 1,
         hysteresis_mode: HysteresisMode = "consecutive",
     ) -> None:
@@ -233,8 +272,9 @@ class DynamicLossScaler(StaticLossScaler):
             raise ValueError(f"hysteresis_mode={hysteresis_mode!r}: use 'consecutive' or 'windowed'")
         if max_scale is not None and not max_scale > 0:
             raise ValueError(f"max_scale={max_scale!r} must be > 0 or None (no cap)")
-        if min_scale is not None and not min_scale > 0:
-            raise ValueError(f"min_scale={min_scale!r} must be > 0 or None (no floor)")
+        if min_scale is not None and not (math.isfinite(min_scale) and min_scale > 0):
+            raise ValueError(f"min_scale={min_scale!r} must be a finite number > 0 (default {DEFAULT_MIN_SCALE!r}, "
+                             "the smallest positive fp32) or None (no floor)")
         if min_scale is not None and max_scale is not None and min_scale > max_scale:
             raise ValueError(f"min_scale={min_scale!r} is above max_scale={max_scale!r}")
         self.growth_factor = float(growth_factor)
@@ -336,25 +376,27 @@ class DynamicLossScaler(StaticLossScaler):
             "_hysteresis_left": left,
         }
 
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raise unless ``state_dict`` is a valid state (types, ranges; a scale finite and > 0)."""
+        check_dynamic_scaler_state(state_dict)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state from ``state_dict()`` or from ``torch.amp.GradScaler.state_dict()``."""
-        if not state_dict:
-            raise RuntimeError(
-                "DynamicLossScaler.load_state_dict got an empty dict; this happens when the state came "
-                "from a disabled torch.amp.GradScaler (enabled=False) — save it from an enabled one"
-            )
-        missing = [k for k in ("scale", "_growth_tracker") if k not in state_dict]
-        if missing:
-            raise KeyError(f"scaler state is missing {missing}; expected GradScaler.state_dict() keys")
+        """Load a state from ``state_dict()`` or from ``torch.amp.GradScaler.state_dict()``.
+
+        The whole state is checked first (``check_state_dict``); a bad one changes nothing.
+        """
+        self.check_state_dict(state_dict)
         self._init_scale = float(state_dict["scale"])
         self.growth_factor = float(state_dict.get("growth_factor", self.growth_factor))
         self.backoff_factor = float(state_dict.get("backoff_factor", self.backoff_factor))
         self.growth_interval = int(state_dict.get("growth_interval", self.growth_interval))
         self._init_growth_tracker = int(state_dict["_growth_tracker"])
         if "max_scale" in state_dict:
-            self.max_scale = state_dict["max_scale"]
+            high = state_dict["max_scale"]
+            self.max_scale = None if high is None or math.isinf(high) else float(high)
         if "min_scale" in state_dict:
-            self.min_scale = state_dict["min_scale"]
+            low = state_dict["min_scale"]
+            self.min_scale = None if low is None else float(low)
         self.hysteresis = int(state_dict.get("hysteresis", self.hysteresis))
         self.hysteresis_mode = state_dict.get("hysteresis_mode", self.hysteresis_mode)
         self._init_hysteresis_left = int(state_dict.get("_hysteresis_left", self.hysteresis))

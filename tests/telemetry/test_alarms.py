@@ -103,9 +103,9 @@ def test_telemetry_alarm_scale_collapse_blames_backward_overflow_when_data_and_l
     assert info.value.event.evidence["nonfinite_loss_steps"] == []
 
 
-def test_telemetry_alarm_scale_collapse_below_min_scale_fires_at_once() -> None:
+def test_telemetry_alarm_scale_collapse_below_critical_scale_fires_at_once() -> None:
     model = _mlp()
-    tel = Telemetry(flush_every=1, alarms=[ScaleCollapseAlarm(consecutive_backoffs=100, min_scale=2.0**16,
+    tel = Telemetry(flush_every=1, alarms=[ScaleCollapseAlarm(consecutive_backoffs=100, critical_scale=2.0**16,
                                                               action="stop")])
     mp, opt = _engine("fp16", model, tel)
     x, _ = _dataset()
@@ -116,7 +116,49 @@ def test_telemetry_alarm_scale_collapse_below_min_scale_fires_at_once() -> None:
             mp.backward(loss)
             mp.step(opt)
     assert info.value.event.step == 1 and info.value.event.cause == "nonfinite_loss"
-    assert "below min_scale" in info.value.event.message
+    assert "below critical_scale=65536" in info.value.event.message
+
+
+def test_telemetry_alarm_scale_collapse_min_scale_keyword_is_a_deprecated_alias_of_critical_scale() -> None:
+    with pytest.warns(DeprecationWarning, match=r"min_scale=\.\.\.\) is deprecated.*critical_scale"):
+        alarm = ScaleCollapseAlarm(min_scale=4.0)
+    assert alarm.critical_scale == 4.0
+
+
+def _nan_steps(mp: ampkit.MixedPrecision, model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    x, y = _dataset(nan_sample=5)
+    for _ in range(steps):
+        _train(mp, model, opt, x, y)
+
+
+def test_telemetry_alarm_scale_collapse_fires_after_50_steps_at_the_scaler_floor_with_the_cause() -> None:
+    # From 2**16 to the floor 2**10 takes 6 backoffs (steps 1-6); steps 7.. run at the floor, where a
+    # skip backs nothing off, so only the floor rule can see the collapse (no backoff streak of 100).
+    model = _mlp()
+    tel = Telemetry(flush_every=1, alarms=[ScaleCollapseAlarm(consecutive_backoffs=100, action="stop")])
+    mp, opt = _engine("fp16", model, tel, scaler=ampkit.DynamicLossScaler(min_scale=2.0**10))
+    with pytest.raises(TrainingStopped) as info:
+        _nan_steps(mp, model, opt, 80)
+    event = info.value.event
+    assert (event.code, event.step, event.cause) == ("SCALE_COLLAPSE", 6 + 50, "nonfinite_input")
+    assert event.evidence["steps_at_floor"] == 50 and event.evidence["floor"] == 2.0**10
+    assert event.evidence["backoffs_before"] == 6 and event.evidence["first_step"] == 7
+    assert "at its floor min_scale=1024 for 50 steps in a row" in event.message
+    assert "inputs held inf/NaN" in event.message
+
+
+def test_telemetry_alarm_scale_collapse_fires_at_the_default_floor_after_a_long_nan_burst() -> None:
+    # 165 backoffs take 2**16 to the default floor 2**-149; 50 steps later the floor rule fires (the
+    # other two rules are set out of reach).
+    model = _mlp()
+    tel = Telemetry(flush_every=25, alarms=[ScaleCollapseAlarm(consecutive_backoffs=1000, critical_scale=0.0,
+                                                               action="stop")])
+    mp, opt = _engine("fp16", model, tel)
+    with pytest.raises(TrainingStopped) as info:
+        _nan_steps(mp, model, opt, 250)
+    event = info.value.event
+    assert (event.step, event.cause, event.evidence["floor"]) == (165 + 50, "nonfinite_input", 2.0**-149)
+    assert "1/scale overflows fp32, so every step is skipped" in event.message
 
 
 def test_telemetry_alarm_loss_nonfinite_names_the_input() -> None:

@@ -5,8 +5,10 @@ holding the running state.  Rules and default thresholds (docs/telemetry.md just
 
 ``ScaleCollapseAlarm`` (finding code ``SCALE_COLLAPSE``)
     fires when ``consecutive_backoffs`` (default 10) steps in a row were skipped *and* backed
-    the loss scale off, or when a backoff takes the scale below ``min_scale`` (default 1.0).
-    An applied step resets the count.  The cause is classified from the steps of the streak:
+    the loss scale off, when a backoff takes the scale below ``critical_scale`` (default 1.0),
+    or when the scale has sat at the scaler's floor (``DynamicLossScaler(min_scale=...)``) for
+    ``floor_steps`` (default 50) steps in a row.  An applied step resets the backoff count.
+    The cause is classified from the steps of the streak:
     ``"nonfinite_input"`` when a watched model saw an inf/NaN floating input,
     ``"nonfinite_loss"`` when the loss itself was inf/NaN, else ``"gradient_overflow"``
     (the backward overflows fp16 whatever the scale).
@@ -34,16 +36,34 @@ reason=...))``, which an attached ``ReplayDoctor`` serves; a warning that the do
 ('LOSS_NONFINITE', 'nonfinite_loss', None)
 """
 
+
 from __future__ import annotations
 
-import json
 import math
 import statistics
+import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import InitVar, dataclass
+from typing import TYPE_CHECKING, Any
 
-from ampkit.findings import CODES, Finding, nonfinite_input, scale_collapse
+from typing_extensions import override
+
+from ampkit.findings import nonfinite_input, scale_collapse
+from ampkit.telemetry.alarm_base import (
+    Alarm,
+    AlarmAction,
+    AlarmEvent,
+    AlarmWarning,
+    Monitor,
+    Record,
+    TrainingStopped,
+    check_threshold,
+    is_int,
+    steps_with,
+)
+
+if TYPE_CHECKING:
+    from ampkit.engine import Engine
 
 __all__ = [
     "Alarm",
@@ -59,136 +79,40 @@ __all__ = [
     "default_alarms",
 ]
 
-AlarmAction = Literal["warn", "stop", "doctor"]
-_ACTIONS = ("warn", "stop", "doctor")
-Record = dict[str, Any]
-
-
-class AlarmWarning(UserWarning):
-    """An alarm with action ``"warn"`` fired (escalate with ``warnings.simplefilter("error", AlarmWarning)``)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class AlarmEvent:
-    """One firing of an alarm; ``to_dict()`` is what the records' ``"alarms"`` lists hold."""
-
-    alarm: str
-    """The alarm's name: ``SCALE_COLLAPSE``, ``SKIP_RATE``, ``GRAD_NORM_SPIKE``, ``LOSS_NONFINITE``."""
-    code: str | None
-    """The doctor finding code this event is evidence for (``SCALE_COLLAPSE``, ``NONFINITE_INPUT``), or None."""
-    step: int
-    """The optimizer step the alarm fired on."""
-    rank: int
-    """The distributed rank whose records fired it."""
-    action: AlarmAction
-    """What the telemetry does about it."""
-    message: str
-    """What happened, with the numbers."""
-    fix: str
-    """What to change."""
-    cause: str | None = None
-    """Classified cause, e.g. ``nonfinite_input``, ``nonfinite_loss``, ``gradient_overflow``."""
-    evidence: dict[str, Any] = field(default_factory=dict)
-    """JSON-able measurements behind the event."""
-
-    @property
-    def reason(self) -> str:
-        """What the doctor's replay is asked to explain: the finding code, else the alarm name."""
-        return self.code or self.alarm
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_finding(self) -> Finding | None:
-        """The doctor ``Finding`` this event stands for, or None when it has no finding code."""
-        if self.code is None:
-            return None
-        return Finding(code=self.code, severity=CODES[self.code], message=self.message, fix=self.fix,
-                       step=self.step, evidence=dict(self.evidence))
-
-
-class TrainingStopped(RuntimeError):
-    """Raised by ``mp.step()`` (at a flush) when an alarm with ``action="stop"`` fired."""
-
-    def __init__(self, event: AlarmEvent) -> None:
-        self.event = event
-        evidence = json.dumps(event.evidence, default=str, allow_nan=True)
-        super().__init__(
-            f"training stopped by the {event.alarm} alarm at step {event.step} (rank {event.rank}): "
-            f"{event.message}. Fix: {event.fix}. Evidence: {evidence}"
-        )
-
-
-class Monitor:
-    """Running state of one alarm; ``observe`` is called with every record, in step order."""
-
-    def __init__(self, config: Alarm) -> None:
-        self.config = config
-        self.fired = False
-
-    def observe(self, record: Record) -> AlarmEvent | None:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"fired": self.fired}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.fired = bool(state.get("fired", False))
-
-    def _event(self, record: Record, **kw: Any) -> AlarmEvent:
-        return AlarmEvent(alarm=self.config.name, step=int(record["step"]), rank=int(record.get("rank", 0)),
-                          action=self.config.action, **kw)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Alarm:
-    """Base of the alarm configs: the action taken when the rule fires."""
-
-    action: AlarmAction = "warn"
-    """``"warn"``, ``"stop"`` (raise ``TrainingStopped``) or ``"doctor"`` (replay the step)."""
-
-    name = "ALARM"
-
-    def __post_init__(self) -> None:
-        if self.action not in _ACTIONS:
-            raise ValueError(f"{type(self).__name__}(action={self.action!r}): use one of {list(_ACTIONS)}")
-
-    def monitor(self) -> Monitor:
-        raise NotImplementedError
-
-
-def _check(cls: str, name: str, value: float, ok: bool, want: str) -> None:
-    if not ok:
-        raise ValueError(f"{cls}({name}={value!r}): must be {want}")
-
-
-def _is_int(v: Any, lo: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
-
-
-def _steps(records: list[Record], key: str) -> list[int]:
-    return [int(r["step"]) for r in records if r.get(key)]
-
 
 @dataclass(frozen=True, kw_only=True)
 class ScaleCollapseAlarm(Alarm):
-    """Loss scale collapse: ``consecutive_backoffs`` backoffs in a row, or a backoff below ``min_scale``."""
+    """Loss scale collapse: backoffs in a row, a backoff below ``critical_scale``, or a scale stuck at its floor."""
 
     consecutive_backoffs: int = 10
     """Backoffs in a row that count as a collapse (from 2**16 that is a scale of 64)."""
-    min_scale: float = 1.0
+    critical_scale: float = 1.0
     """A backoff below this scale is a collapse at once (a scale < 1 shrinks the gradients)."""
+    floor_steps: int = 50
+    """Steps in a row at the scaler's floor (``DynamicLossScaler(min_scale=...)``) that count as a collapse."""
+    min_scale: InitVar[float | None] = None
+    """Deprecated alias of ``critical_scale`` (the scaler's ``min_scale`` is its floor, another thing)."""
 
     name = "SCALE_COLLAPSE"
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, min_scale: float | None) -> None:
         super().__post_init__()
-        _check(type(self).__name__, "consecutive_backoffs", self.consecutive_backoffs,
-               _is_int(self.consecutive_backoffs, 1), "an int >= 1")
-        _check(type(self).__name__, "min_scale", self.min_scale, self.min_scale >= 0, ">= 0")
+        cls = type(self).__name__
+        if min_scale is not None:
+            warnings.warn(f"{cls}(min_scale=...) is deprecated and will be removed in the next version; use "
+                          "critical_scale=... (DynamicLossScaler's min_scale is the scale's floor, not this "
+                          "threshold)", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "critical_scale", min_scale)
+        check_threshold(cls, "consecutive_backoffs", self.consecutive_backoffs,
+               is_int(self.consecutive_backoffs, 1), "an int >= 1")
+        check_threshold(cls, "critical_scale", self.critical_scale, self.critical_scale >= 0, ">= 0")
+        check_threshold(cls, "floor_steps", self.floor_steps, is_int(self.floor_steps, 1), "an int >= 1")
 
     def monitor(self) -> Monitor:
         return _ScaleCollapseMonitor(self)
+
+
+_STREAK_KEYS = ("step", "scale", "next_scale", "skipped", "loss_nonfinite", "input_nonfinite")
 
 
 class _ScaleCollapseMonitor(Monitor):
@@ -197,54 +121,103 @@ class _ScaleCollapseMonitor(Monitor):
     def __init__(self, config: ScaleCollapseAlarm) -> None:
         super().__init__(config)
         self.streak: list[Record] = []
+        self.floor_streak: list[Record] = []
+        self.floor_fired = False
+        self.scaler: Any = None
+
+    @override
+    def bind(self, engine: Engine) -> None:
+        self.scaler = engine.scaler  # its min_scale is read per record: load_state_dict may change it
 
     def observe(self, record: Record) -> AlarmEvent | None:
+        return self._observe_backoff(record) or self._observe_floor(record)
+
+    def _observe_backoff(self, record: Record) -> AlarmEvent | None:
         backoff = bool(record["skipped"]) and record["next_scale"] < record["scale"]
         if not record["skipped"]:
             self.streak.clear()
             self.fired = False
             return None
         if not backoff:
-            return None  # a skip the scaler's hysteresis tolerated: neither a backoff nor a reset
-        self.streak.append({k: record.get(k) for k in ("step", "scale", "next_scale", "loss_nonfinite",
-                                                       "input_nonfinite")})
+            return None  # a skip the scaler's hysteresis tolerated (or at its floor): no backoff, no reset
+        self.streak.append({k: record.get(k) for k in _STREAK_KEYS})
         cfg = self.config
-        below = record["next_scale"] < cfg.min_scale
+        below = record["next_scale"] < cfg.critical_scale
         if self.fired or not (len(self.streak) >= cfg.consecutive_backoffs or below):
             return None
         self.fired = True
         return self._collapse(record, below)
 
+    def _observe_floor(self, record: Record) -> AlarmEvent | None:
+        floor = getattr(self.scaler, "min_scale", None)
+        if floor is None or record["scale"] > floor:
+            self.floor_streak.clear()
+            self.floor_fired = False
+            return None
+        if self.floor_fired:
+            return None
+        self.floor_streak.append({k: record.get(k) for k in _STREAK_KEYS})
+        if len(self.floor_streak) < self.config.floor_steps:
+            return None
+        self.floor_fired = True
+        return self._at_floor(record, floor)
+
     def _collapse(self, record: Record, below: bool) -> AlarmEvent:
         streak = self.streak
-        bad_inputs, bad_loss = _steps(streak, "input_nonfinite"), _steps(streak, "loss_nonfinite")
-        watched = any(r.get("input_nonfinite") is not None for r in streak)
         first, last = streak[0], streak[-1]
         what = (f"{len(streak)} consecutive backoffs took the loss scale from {first['scale']:g} to "
                 f"{last['next_scale']:g} (steps {first['step']}-{last['step']})")
         if below:
-            what += f", below min_scale={self.config.min_scale:g}"
-        if bad_inputs:
-            cause, steps = "nonfinite_input", f" (inputs held inf/NaN on steps {bad_inputs})"
-        elif bad_loss:
-            inputs = "the inputs were finite" if watched else "the inputs were not watched (call mp.prepare(model))"
-            cause, steps = "nonfinite_loss", f" (the loss was inf/NaN on steps {bad_loss} while {inputs})"
-        else:
-            cause, steps = "gradient_overflow", " (the loss and the inputs were finite)"
-        message, fix = scale_collapse(cause, what, steps)
-        evidence = {
-            "consecutive_backoffs": len(streak), "first_step": first["step"], "last_step": last["step"],
-            "scale_before": first["scale"], "scale_after": last["next_scale"],
-            "nonfinite_input_steps": bad_inputs, "nonfinite_loss_steps": bad_loss, "inputs_watched": watched,
-        }
+            what += f", below critical_scale={self.config.critical_scale:g}"
+        cause, detail, evidence = _classify(streak)
+        message, fix = scale_collapse(cause, what, detail)
+        evidence = {"consecutive_backoffs": len(streak), "first_step": first["step"], "last_step": last["step"],
+                    "scale_before": first["scale"], "scale_after": last["next_scale"], **evidence}
+        return self._event(record, code="SCALE_COLLAPSE", message=message, fix=fix, cause=cause, evidence=evidence)
+
+    def _at_floor(self, record: Record, floor: float) -> AlarmEvent:
+        at, descent = self.floor_streak, self.streak
+        first, last = at[0], at[-1]
+        skipped = sum(bool(r["skipped"]) for r in at)
+        what = (f"the loss scale has sat at its floor min_scale={floor:g} for {len(at)} steps in a row (steps "
+                f"{first['step']}-{last['step']}, {skipped} of them skipped)")
+        if descent:
+            what += (f", after {len(descent)} consecutive backoffs from {descent[0]['scale']:g} "
+                     f"(steps {descent[0]['step']}-{descent[-1]['step']})")
+        if floor < 2.0**-128:
+            what += "; at this floor 1/scale overflows fp32, so every step is skipped"
+        # The steps that drove the scale down carry the cause; those at the floor may be clean.
+        cause, detail, evidence = _classify(descent + at)
+        message, fix = scale_collapse(cause, what, detail)
+        evidence = {"floor": floor, "steps_at_floor": len(at), "first_step": first["step"],
+                    "last_step": last["step"], "skipped_at_floor": skipped, "backoffs_before": len(descent),
+                    **evidence}
         return self._event(record, code="SCALE_COLLAPSE", message=message, fix=fix, cause=cause, evidence=evidence)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "streak": [dict(r) for r in self.streak]}
+        return {**super().state_dict(), "streak": [dict(r) for r in self.streak],
+                "floor_streak": [dict(r) for r in self.floor_streak], "floor_fired": self.floor_fired}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.streak = [dict(r) for r in state.get("streak", [])]
+        self.floor_streak = [dict(r) for r in state.get("floor_streak", [])]
+        self.floor_fired = bool(state.get("floor_fired", False))
+
+
+def _classify(steps: list[Record]) -> tuple[str, str, dict[str, Any]]:
+    """The cause of a collapse from its steps: (cause, detail for the message, evidence)."""
+    bad_inputs, bad_loss = steps_with(steps, "input_nonfinite"), steps_with(steps, "loss_nonfinite")
+    watched = any(r.get("input_nonfinite") is not None for r in steps)
+    if bad_inputs:
+        cause, detail = "nonfinite_input", f" (inputs held inf/NaN on steps {bad_inputs})"
+    elif bad_loss:
+        inputs = "the inputs were finite" if watched else "the inputs were not watched (call mp.prepare(model))"
+        cause, detail = "nonfinite_loss", f" (the loss was inf/NaN on steps {bad_loss} while {inputs})"
+    else:
+        cause, detail = "gradient_overflow", " (the loss and the inputs were finite)"
+    return cause, detail, {"nonfinite_input_steps": bad_inputs, "nonfinite_loss_steps": bad_loss,
+                           "inputs_watched": watched}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,8 +233,8 @@ class SkipRateAlarm(Alarm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(type(self).__name__, "window", self.window, _is_int(self.window, 1), "an int >= 1")
-        _check(type(self).__name__, "max_rate", self.max_rate, 0 <= self.max_rate < 1, "in [0, 1)")
+        check_threshold(type(self).__name__, "window", self.window, is_int(self.window, 1), "an int >= 1")
+        check_threshold(type(self).__name__, "max_rate", self.max_rate, 0 <= self.max_rate < 1, "in [0, 1)")
 
     def monitor(self) -> Monitor:
         return _SkipRateMonitor(self)
@@ -338,9 +311,9 @@ class GradNormSpikeAlarm(Alarm):
     def __post_init__(self) -> None:
         super().__post_init__()
         cls = type(self).__name__
-        _check(cls, "window", self.window, _is_int(self.window, 1), "an int >= 1")
-        _check(cls, "factor", self.factor, self.factor > 1, "> 1")
-        _check(cls, "min_history", self.min_history, _is_int(self.min_history, 1) and self.min_history <= self.window,
+        check_threshold(cls, "window", self.window, is_int(self.window, 1), "an int >= 1")
+        check_threshold(cls, "factor", self.factor, self.factor > 1, "> 1")
+        check_threshold(cls, "min_history", self.min_history, is_int(self.min_history, 1) and self.min_history <= self.window,
                "an int in [1, window]")
 
     def monitor(self) -> Monitor:

@@ -143,6 +143,8 @@ class Telemetry(EngineHook):
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._counter = GradCounter(device)
         self._modules = ModuleAbsmax(device)
+        for m in self.monitors:
+            m.bind(engine)
         self._watch_new_models()
 
     def _watch_new_models(self) -> None:
