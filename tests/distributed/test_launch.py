@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +13,8 @@ import pytest
 import ampkit
 import ampkit.distributed as ad
 
-from ._dist_testlib import launch
+from ._dist_testlib import HERE, launch
+from ._orphans import reaping, running, survivors, wait_for_ranks
 
 
 def test_distributed_scaling_efficiency_strong_and_weak():
@@ -60,15 +65,6 @@ def test_distributed_public_names_resolve():
         assert getattr(ad, name) is not None
 
 
-def _running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie waiting to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @pytest.mark.slow
 def test_distributed_launch_torchrun_timeout_kills_every_process(tmp_path):
     result = launch("dist_sleeper", [], tmp_path, timeout=20.0)
@@ -76,7 +72,7 @@ def test_distributed_launch_torchrun_timeout_kills_every_process(tmp_path):
     pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]  # both workers had started
     for rank, pid in enumerate(pids):
         assert "started" in result.ranks[rank].stdout
-        assert not _running(pid), f"rank {rank} (pid {pid}) outlived the timeout"
+        assert not running(pid), f"rank {rank} (pid {pid}) outlived the timeout"
     assert result.wall_s < 20.0 + 2 * 10.0 + 5.0
     assert "timed out" in result.describe()
 
@@ -99,3 +95,46 @@ def test_distributed_launch_torchrun_destroy_process_group_frees_gloo_before_exi
     assert result.ok, result.describe() + "\n" + "\n".join(r.stdout for r in result.ranks)
     for rank in result.ranks:
         assert "gloo threads after destroy_process_group: []" in rank.stdout
+
+
+def _kill_launching_parent(tmp_path: Path, sig: signal.Signals) -> tuple[int | None, list[int], list[str]]:
+    """Start a process that calls launch_torchrun on 2 sleeping ranks, send it ``sig`` once both
+    ranks run; return its exit status, the launch processes still running 15 s later, and the
+    ranks' stdout."""
+    parent = subprocess.Popen([sys.executable, str(HERE / "dist_launch_parent.py"), str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    with reaping(parent, pids):
+        torchrun, ranks = wait_for_ranks(tmp_path, 2, parent, ready="started")
+        pids += [torchrun, *ranks]
+        os.kill(parent.pid, sig)
+        code = parent.wait(timeout=60)
+        left = survivors(pids)
+        return code, left, [(tmp_path / f"rank{r}.stdout").read_text() for r in range(2)]
+
+
+def test_distributed_launch_torchrun_sigkill_of_the_parent_kills_torchrun_and_every_rank(tmp_path):
+    code, left, _ = _kill_launching_parent(tmp_path, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert left == [], f"still running after the parent was SIGKILLed: {left}"
+
+
+def test_distributed_launch_torchrun_sigterm_of_the_parent_stops_every_rank_then_dies_by_sigterm(tmp_path):
+    code, left, stdouts = _kill_launching_parent(tmp_path, signal.SIGTERM)
+    assert left == [], f"still running after the parent got SIGTERM: {left}"
+    assert code == -signal.SIGTERM  # the caller still sees a death by SIGTERM
+    for rank, out in enumerate(stdouts):  # passed on in order, not killed
+        assert "stopped by SIGTERM" in out, (rank, out)
+
+
+def test_distributed_launch_torchrun_sigkill_of_torchrun_kills_every_rank(tmp_path):
+    parent = subprocess.Popen([sys.executable, str(HERE / "dist_launch_parent.py"), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    pids: list[int] = []
+    with reaping(parent, pids):
+        torchrun, ranks = wait_for_ranks(tmp_path, 2, parent, ready="started")
+        pids += [torchrun, *ranks]
+        os.kill(torchrun, signal.SIGKILL)
+        assert survivors(ranks) == [], "a rank outlived its SIGKILLed torchrun"
+        out, _ = parent.communicate(timeout=60)  # and launch_torchrun returns, with the ranks' fate
+        assert parent.returncode == 0 and "torchrun exit -9" in out, out

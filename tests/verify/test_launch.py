@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import jsonschema
@@ -10,7 +14,8 @@ import pytest
 
 from ampkit.cli.main import main
 from ampkit.verify.report import load_schema
-from tests.verify.verify_helpers import Job, task_ref, verify
+from tests.distributed._orphans import START_TIMEOUT_S, reaping, survivors, wait_for_ranks
+from tests.verify.verify_helpers import Job, cli_command, task_ref, verify
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +60,24 @@ def test_verify_nproc_that_does_not_divide_the_batch_exits_2(tmp_path: Path,
     code = main(["verify", task_ref("Regression"), "--nproc", "3", "--out", str(tmp_path), "--no-progress"])
     assert code == 2
     assert "does not divide task 'regression''s batch of 64 samples" in capsys.readouterr().err
+
+
+def test_verify_nproc_sigkill_of_verify_kills_torchrun_and_every_rank(tmp_path: Path) -> None:
+    # Enough steps that the ranks are still training when the kill comes; TMPDIR puts verify's
+    # work directory (and so the ranks' pid files) under tmp_path.
+    cmd = cli_command("verify", task_ref("Regression"), "--precisions", "fp32", "--nproc", "2",
+                      "--no-scaling-baseline", "--steps", "100000", "--warmup", "1", "--eval-every", "100000",
+                      "--out", str(tmp_path / "out"), "--no-progress", "--no-measure-env")
+    proc = subprocess.Popen(cmd, env={**os.environ, "TMPDIR": str(tmp_path)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    with reaping(proc, pids):
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (rank_dirs := list(tmp_path.glob("ampkit-verify-*/*.ranks"))):
+            assert proc.poll() is None and time.monotonic() < deadline, f"no torchrun launch (exit {proc.returncode})"
+            time.sleep(0.1)
+        torchrun, ranks = wait_for_ranks(rank_dirs[0], 2, proc)
+        pids += [torchrun, *ranks]
+        proc.kill()
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        assert survivors(pids) == [], "torchrun or a rank outlived `ampkit verify`"

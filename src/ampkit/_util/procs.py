@@ -1,4 +1,4 @@
-"""Finding and signalling the rank processes of a launch (torch-free).
+"""Finding and signalling the rank processes of a launch, and tying their lives to the launcher's (torch-free).
 
 Each rank writes its pid to ``rank<R>.pid`` in the launch's log directory and leads its own
 process group, so a launch that must stop (a timeout, Ctrl-C) signals whole groups: the rank
@@ -14,17 +14,37 @@ True
 >>> own = Path("/proc/self/cmdline").read_bytes().split(b"\\0")[0]
 >>> live_pids([d / "rank0.pid", d / "rank1.pid"], own) == [os.getpid()]
 True
+
+No orphans, however the launcher dies (SIGKILL included, which no handler sees):
+
+* ``die_with_caller()`` is the ``preexec_fn`` of the launcher's ``Popen``: on Linux the child
+  gets SIGKILL from the kernel when the *thread* that called ``Popen`` ends
+  (``PR_SET_PDEATHSIG``), so that thread must stay in the call for the child's whole life --
+  ``launch_torchrun`` waits there.
+* ``die_with_parent()`` runs first thing in each grandchild (a rank, started by torchrun): the
+  same parent-death signal, plus a watchdog thread that SIGKILLs the process when its parent
+  changes or the launcher is gone -- the fallback where ``prctl`` does not exist and for a
+  parent that died before the signal was armed.
+* ``sigterm_unwinds()`` turns SIGTERM of the launcher into an exception while a launch runs, so
+  its cleanup stops the children in order; then the launcher still dies by SIGTERM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
-from collections.abc import Iterable
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import FrameType
 
-__all__ = ["live_pids", "signal_groups"]
+__all__ = ["die_with_caller", "die_with_parent", "live_pids", "set_parent_death_signal", "signal_groups",
+           "sigterm_unwinds"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def live_pids(pid_files: Iterable[Path], marker: bytes) -> list[int]:
@@ -53,3 +73,134 @@ def signal_groups(pids: Iterable[int], sig: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` on Linux, else None (looked up before a fork: the child only calls it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl  # type: ignore[no-any-return]
+
+
+def set_parent_death_signal(sig: signal.Signals = signal.SIGKILL) -> bool:
+    """Have the kernel send ``sig`` to this process when the parent thread that started it ends.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)``); False where it is not available.  The signal is
+    bound to the parent's *thread*, not its process, and is cleared in children this process forks.
+    """
+    prctl = _prctl()
+    return prctl is not None and prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def die_with_caller() -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets SIGKILL when the calling thread ends.
+
+    However the caller dies, SIGKILL included; Linux only (elsewhere the child's own children
+    watch, see ``die_with_parent``).  A child whose parent died between fork and ``prctl``
+    kills itself at once.  Everything is looked up before the fork, so the child runs only a
+    foreign call and two system calls.
+    """
+    prctl, parent, sigkill = _prctl(), os.getpid(), int(signal.SIGKILL)
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sigkill)
+
+    return preexec
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` from /proc, or None where /proc cannot tell."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _exists(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, not yet reaped) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _die() -> None:
+    """SIGKILL this process, and first its process group when it leads one (its own children)."""
+    if os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_with_parent(launcher_pid: int | None = None, *, interval: float = 0.5, death_signal: bool = True) -> None:
+    """Make this process die with its parent and, when given, with ``launcher_pid`` (its parent's parent).
+
+    ``death_signal``: arm the Linux parent-death signal (SIGKILL when the parent's thread that
+    started us ends).  Always: a daemon thread checks every ``interval`` seconds that the parent
+    is still the one we started under and the launcher still runs, and otherwise SIGKILLs this
+    process (and its process group when it leads one) -- the fallback where there is no
+    ``prctl``, and for a launcher that dies while our parent lives on.  A parent that is already
+    gone, or is not the launcher's child, ends this process at once.  Costs one wake-up per interval.
+    """
+    parent = os.getppid()
+    if death_signal:
+        set_parent_death_signal()
+    grandparent = _parent_of(parent) if launcher_pid is not None else None
+
+    def orphaned() -> bool:
+        return os.getppid() != parent or (launcher_pid is not None and not _exists(launcher_pid))
+
+    if orphaned() or (grandparent is not None and grandparent != launcher_pid):
+        _die()
+
+    def watch() -> None:
+        while not orphaned():
+            stop.wait(interval)
+        _die()
+
+    stop = threading.Event()  # never set: the watchdog ends with the process
+    threading.Thread(target=watch, name="ampkit-die-with-parent", daemon=True).start()
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived inside ``sigterm_unwinds``."""
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs, SIGTERM raises inside it, so its cleanup runs; then the process dies by SIGTERM.
+
+    Only in the main thread (where Python runs signal handlers) and only while SIGTERM has its
+    default action: a program's own handler is left alone.  A second SIGTERM during the cleanup
+    is ignored; SIGKILL still ends everything at once.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def unwind(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # the default action: the process ends here
+        raise SystemExit(128 + signal.SIGTERM) from None  # only if SIGTERM is blocked
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -9,6 +9,12 @@
 from ``AMPKIT_DIST_BACKEND``: nccl when every rank can have its own GPU, else gloo.  Each rank's
 stdout, stderr and exit code come back separately; on timeout the whole launch -- torchrun and
 every worker's process group -- is terminated, then killed.
+
+No process of a launch outlives its caller, however the caller dies: torchrun gets SIGKILL from
+the kernel when the thread that called ``launch_torchrun`` ends (Linux), and each rank dies when
+torchrun or the caller is gone (``ampkit._util.procs``).  SIGTERM to a caller that runs this in
+its main thread, with SIGTERM's default action, first stops the launch in order (SIGTERM to
+torchrun and the ranks, SIGKILL after 10 s), then ends the caller by SIGTERM as before.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from typing import Literal
 
 import torch
 
-from ampkit._util.procs import live_pids, signal_groups
-from ampkit.distributed._rank_main import RANK_DIR_ENV
+from ampkit._util.procs import die_with_caller, live_pids, signal_groups, sigterm_unwinds
+from ampkit.distributed._rank_main import LAUNCHER_PID_ENV, RANK_DIR_ENV
 
 __all__ = ["BACKEND_ENV", "RankResult", "TorchrunResult", "default_backend", "launch_torchrun", "scaling_efficiency"]
 
@@ -161,7 +167,8 @@ def launch_torchrun(
         module: an importable module run as ``__main__`` on every rank.
         args: its command-line arguments.
         timeout: seconds for the whole launch; then every process of it is terminated (SIGTERM,
-            then SIGKILL after 10 s) and ``timed_out`` is True.
+            then SIGKILL after 10 s) and ``timed_out`` is True.  The launch is stopped the same
+            way when the wait is interrupted (Ctrl-C, SIGTERM), and the exception propagates.
         env: extra environment variables for the workers (``OMP_NUM_THREADS`` is 1 unless set).
         cwd: working directory of the workers.
         log_dir: where per-rank output files go (default: a new temporary directory).
@@ -176,28 +183,41 @@ def launch_torchrun(
     child_env.setdefault("OMP_NUM_THREADS", "1")
     child_env.update(env or {})
     child_env[RANK_DIR_ENV] = str(out.resolve())
+    child_env[LAUNCHER_PID_ENV] = str(os.getpid())
     child_env[BACKEND_ENV] = backend or default_backend(nproc)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
         "--max-restarts", "0", "-m", "ampkit.distributed._rank_main", module, *map(str, args),
     ]
     start = time.perf_counter()
-    with open(out / "launcher.log", "wb") as launcher_log:
-        proc = subprocess.Popen(
-            cmd, env=child_env, cwd=cwd, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_launch(proc, out, nproc)
+    returncode, timed_out = _run(cmd, child_env, cwd, out, nproc, timeout)
     wall = time.perf_counter() - start
     launcher = _read(out / "launcher.log")
     return TorchrunResult(
-        returncode=None if timed_out else proc.returncode, ranks=_rank_results(out, nproc, launcher),
+        returncode=returncode, ranks=_rank_results(out, nproc, launcher),
         timed_out=timed_out, launcher_output=launcher, wall_s=wall, log_dir=out,
     )
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None, out: Path, nproc: int,
+         timeout: float) -> tuple[int | None, bool]:
+    """Run torchrun until it ends or ``timeout``; (its exit code, None when killed; whether it timed out)."""
+    with open(out / "launcher.log", "wb") as launcher_log, sigterm_unwinds():
+        # die_with_caller binds torchrun's life to this thread, which stays here until it ends.  A
+        # preexec_fn can deadlock in a threaded parent if it takes a lock another thread held at
+        # the fork; this one only makes a foreign call looked up before the fork and two syscalls.
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_caller(),
+        )
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            _kill_launch(proc, out, nproc)
+            return None, True
+        except BaseException:  # Ctrl-C, SIGTERM, SystemExit from a handler: stop the launch first
+            _kill_launch(proc, out, nproc)
+            raise
 
 
 def _rank_results(out: Path, nproc: int, launcher: str) -> list[RankResult]:

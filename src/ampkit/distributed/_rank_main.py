@@ -6,6 +6,10 @@
 pid to ``rank<R>.pid`` (so a timed-out launch can be killed), and its exit code to
 ``rank<R>.exit`` when it ends by itself.  A rank killed by a signal leaves no ``.exit`` file.
 
+Before anything else a rank ties its life to torchrun's and to the launcher's (the process that
+called ``launch_torchrun``, pid in ``$AMPKIT_LAUNCHER_PID``): SIGKILL when either is gone
+(``ampkit._util.procs.die_with_parent``), so a killed launch leaves no rank behind.
+
 Process-group teardown happens here, before the ``.exit`` file is written, never during
 interpreter shutdown:
 
@@ -29,9 +33,12 @@ import sys
 import traceback
 from pathlib import Path
 
-__all__ = ["RANK_DIR_ENV", "main"]
+from ampkit._util.procs import die_with_parent
+
+__all__ = ["LAUNCHER_PID_ENV", "RANK_DIR_ENV", "main"]
 
 RANK_DIR_ENV = "AMPKIT_RANK_DIR"
+LAUNCHER_PID_ENV = "AMPKIT_LAUNCHER_PID"
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -77,6 +84,8 @@ def _destroy_process_group() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    die_with_parent(int(launcher) if launcher else None)  # before the pid file: a listed rank is bound
     if not argv:
         print("usage: python -m ampkit.distributed._rank_main MODULE [ARGS...]", file=sys.stderr)
         return 2

@@ -10,6 +10,10 @@ a single process.
 ``scaling`` compares an N-rank run with a 1-rank run of the same precision (same launcher, same
 threads per rank, same global batch: strong scaling) through
 ``ampkit.distributed.scaling_efficiency``.
+
+No rank outlives verify: the launch runs ``launch_torchrun`` (torchrun and every rank die with
+the verify process, SIGKILL included), Ctrl-C kills the ranks, and SIGTERM kills them before
+verify itself ends by SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ampkit._util.procs import live_pids, signal_groups
+from ampkit._util.procs import live_pids, signal_groups, sigterm_unwinds
 
 if TYPE_CHECKING:
     from ampkit.distributed import TorchrunResult
@@ -62,7 +66,8 @@ def run_torchrun(spec: dict[str, Any], nproc: int, workdir: Path, tag: str, env:
 
     thread = threading.Thread(target=launch, name=f"torchrun-{tag}", daemon=True)
     thread.start()
-    _follow(thread, log_dir, on_event, progress_prefix)
+    with sigterm_unwinds():  # launch_torchrun runs in a thread, where no signal handler can run
+        _follow(thread, log_dir, on_event, progress_prefix)
     if "error" in outcome:
         raise outcome["error"]
     result = _rank0_result(spec, nproc, outcome["launch"])
@@ -74,7 +79,7 @@ def run_torchrun(spec: dict[str, Any], nproc: int, workdir: Path, tag: str, env:
 
 def _follow(thread: threading.Thread, log_dir: Path, on_event: Callable[[dict[str, Any]], None] | None,
             progress_prefix: str) -> None:
-    """Forward rank 0's progress until the launch thread ends; on Ctrl-C no rank may outlive the job."""
+    """Forward rank 0's progress until the launch thread ends; on Ctrl-C or SIGTERM no rank may outlive the job."""
     offset = 0
     try:
         while True:

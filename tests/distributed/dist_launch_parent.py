@@ -1,0 +1,13 @@
+"""A parent process that launches ``dist_sleeper`` on 2 ranks and waits (``python dist_launch_parent.py LOG_DIR``).
+
+The orphan tests kill this process (SIGKILL, SIGTERM) and check that torchrun and the ranks go too.
+"""
+
+import sys
+from pathlib import Path
+
+from _dist_testlib import launch
+
+if __name__ == "__main__":
+    result = launch("dist_sleeper", [], Path(sys.argv[1]), timeout=300.0)
+    print(result.describe(), flush=True)
