@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -132,3 +133,39 @@ def test_verify_interrupt_leaves_no_report_and_exits_130(tmp_path: Path) -> None
     assert "interrupted" in err
     assert not out.exists() or not any(out.iterdir())
     assert not any(scratch.iterdir())  # the workers' scratch directory is gone too
+
+
+def test_verify_out_under_a_regular_file_exits_2_before_training(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("x")
+    started = time.monotonic()
+    proc = subprocess.run(cli_command("verify", task_ref("Slow"), "--out", str(tmp_path / "plain" / "out"),
+                                      "--no-measure-env", "--no-progress"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{tmp_path / 'plain'} is a file, not a directory" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - started < 60  # the Slow task trains for minutes; the check comes first
+
+
+def test_verify_report_that_cannot_be_written_at_the_end_goes_to_the_temp_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    scratch.mkdir()
+    # Writable when verify starts; the task's model builder then puts a file where the folder goes.
+    task = tmp_path / "sabotage.py"
+    task.write_text(
+        f"import sys\nsys.path.insert(0, {str(SYNTHETIC.parent)!r})\nfrom synthetic_tasks import Regression\n\n"
+        "class Sabotage(Regression):\n"
+        "    def build_model(self, seed):\n"
+        f"        open({str(out)!r}, 'w').write('not a folder')\n"
+        "        return super().build_model(seed)\n"
+    )
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    job = verify(out, f"{task}:Sabotage", "--precisions", "fp32", "--steps", "3", "--warmup", "1")
+    assert job.code == 0
+    captured = capsys.readouterr()
+    [kept] = list(scratch.glob("ampkit-verify-*/report.json"))
+    assert f"could not write the report to {out}" in captured.err and str(kept.with_suffix(".html")) in captured.out
+    assert "ampkit verify" in captured.out  # the summary table is printed too
+    assert json.loads(kept.read_text())["verdict"] == "pass"

@@ -12,15 +12,20 @@ Which one TARGET is:
 * anything else is a TASK reference, resolved by ``ampkit.tasks.load_task``: a built-in
   task name, ``path/to/file.py:attr`` or ``package.module:attr``.  A task takes no ARGS.
 
-Options must come before TARGET; everything after it belongs to the script.  Exit status: 1
-when an error-severity finding is reported, else the script's own exit status (1 when it
-raised an exception the doctor does not explain), 2 for usage errors.
+Options must come before TARGET; everything after it belongs to the script.  Exit status: 130
+after Ctrl-C and 143 after SIGTERM; else the script's own status when it is not 0 (1 when it
+raised); else 1 when an error-severity finding is reported, else 0; 2 for usage errors (a
+--json/--html that cannot be written is one, found before the script runs).
+
+When the script is interrupted (Ctrl-C, SIGTERM), raises, or calls os._exit, the findings made
+so far are still printed and written; the JSON then says "partial": true and how it "ended".
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,24 +78,49 @@ def is_script(target: str, as_module: bool) -> bool:
     return False
 
 
-def _write_outputs(args: argparse.Namespace, result: Any, findings: list[Any], environment: dict[str, Any]) -> None:
+def _write_outputs(args: argparse.Namespace, document: dict[str, Any], result: Any, partial: str | None) -> None:
+    """Write --json and --html; a file that cannot be written goes to the temp directory instead."""
     from ampkit.diagnose import write_html, write_json
 
     if args.json:
-        write_json(args.json, result, environment)
-        print(f"ampkit doctor: wrote {args.json}", file=sys.stderr)
+        _write_one("json", args.json, lambda path: write_json(path, document))
     if args.html:
-        write_html(args.html, result)
-        print(f"ampkit doctor: wrote {args.html}", file=sys.stderr)
+        _write_one("html", args.html, lambda path: write_html(path, result, partial=partial))
+
+
+def _write_one(flag: str, path: Path, write: Callable[[Path], object]) -> None:
+    from ampkit._util.outputs import fallback_directory
+
+    try:
+        write(path)
+    except OSError as exc:
+        # The run is done and its findings are in memory: keep them rather than end on a traceback.
+        fallback = fallback_directory("ampkit-doctor-") / path.name
+        write(fallback)
+        print(f"ampkit doctor: could not write --{flag} {path} ({exc.strerror or exc}); wrote {fallback} instead",
+              file=sys.stderr)
+        return
+    print(f"ampkit doctor: wrote {path}", file=sys.stderr)
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
+    """Resolve --json/--html against the working directory now (a script may chdir) and prove each
+    folder writable with a real file, before the script runs."""
+    from ampkit._util.outputs import absolute_path, unwritable_reason
+
     for flag in ("json", "html"):
-        path = getattr(args, flag)
-        if path is not None and Path(path).is_dir():
-            raise UsageError(f"--{flag} {path!r} is a directory; give a file name")
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise UsageError(f"--{flag} {path!r}: the folder {str(Path(path).resolve().parent)!r} does not exist")
+        given = getattr(args, flag)
+        if given is None:
+            continue
+        path = absolute_path(given)
+        if path.is_dir():
+            raise UsageError(f"--{flag} {given!r} is a directory; give a file name")
+        if not path.parent.is_dir() and not path.parent.exists():
+            raise UsageError(f"--{flag} {given!r}: the folder {str(path.parent)!r} does not exist")
+        reason = unwritable_reason(path.parent)
+        if reason is not None:
+            raise UsageError(f"--{flag} {given!r} cannot be written: {reason}; choose a writable location")
+        setattr(args, flag, path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,18 +137,35 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_script(args: argparse.Namespace) -> int:
-    from ampkit.diagnose.report.terminal import render_terminal
     from ampkit.diagnose.script.runner import run_script
 
-    report = run_script(args.target, args.args, module=args.as_module, precision=args.precision,
-                        replay=not args.no_replay, checkup=not args.no_checkup)
+    try:
+        report = run_script(args.target, args.args, module=args.as_module, precision=args.precision,
+                            replay=not args.no_replay, checkup=not args.no_checkup,
+                            on_os_exit=lambda r: _report_script(args, r))
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"-m {args.target}: {exc}") from exc
+    return _report_script(args, report)
+
+
+def _report_script(args: argparse.Namespace, report: Any) -> int:
+    """Print and write what the run found (also after Ctrl-C, SIGTERM, a crash or os._exit); the exit status."""
+    from ampkit.diagnose.report.terminal import render_terminal
+
+    how = f"ended by {_ENDED_WORDS[report.ended]}; findings so far" if report.partial else "findings"
     print(f"\nampkit doctor: {report.script} ran {report.steps} optimizer step(s), exit status "
-          f"{report.exit_status}; {len(report.findings)} finding(s)", file=sys.stdout)
+          f"{report.exit_status}; {len(report.findings)} finding(s) ({how})", file=sys.stdout)
     render_terminal(report.findings, file=sys.stdout)
-    _write_outputs(args, report.result(), report.findings, report.environment())
-    if report.has_errors:
-        return 1
-    return report.exit_status
+    if report.steps == 0 and report.tasks and not args.as_module:
+        print(f"ampkit doctor: {args.target} ran as a script and trained nothing, but it defines the task "
+              f"{report.tasks[0]!r}. To diagnose the task, run: ampkit doctor {args.target}:{report.tasks[0]}",
+              file=sys.stderr)
+    _write_outputs(args, report.to_json(), report.result(), report.ended)
+    return int(report.doctor_exit_status())
+
+
+_ENDED_WORDS = {"sigint": "SIGINT (Ctrl-C)", "sigterm": "SIGTERM", "exception": "an exception",
+                "os_exit": "os._exit"}
 
 
 def _run_task(args: argparse.Namespace) -> int:
@@ -132,5 +179,7 @@ def _run_task(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot load task {args.target!r}: {exc}") from exc
     result = diagnose_task(task, args.precision or "auto")
     render_terminal(result.findings, file=sys.stdout)
-    _write_outputs(args, result, result.findings, result.environment or {})
+    from ampkit.diagnose.report.json import doctor_document
+
+    _write_outputs(args, doctor_document(result, result.environment or {}), result, None)
     return 1 if result.has_errors else 0

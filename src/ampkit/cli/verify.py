@@ -107,6 +107,35 @@ def _require_report_extras() -> None:
                          f"{'is' if len(missing) == 1 else 'are'} not installed; run `pip install 'ampkit[report]'`")
 
 
+def _check_out(given: str) -> Path:
+    """--out made absolute now and proven writable with a real file, before anything trains."""
+    from ampkit._util.outputs import absolute_path, unwritable_reason
+
+    out = absolute_path(given)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {given!r} is a file; give a directory for report.json, report.md, report.html")
+    reason = unwritable_reason(out)
+    if reason is not None:
+        raise UsageError(f"--out {given!r} cannot be written: {reason}; choose a writable directory")
+    return out
+
+
+def _write_or_keep(report: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write the report to ``out``; when that fails after all (disk full, folder gone), write it to the
+    temp directory instead: the runs took long and their results are in memory."""
+    from ampkit._util.outputs import fallback_directory
+    from ampkit.verify.report import write_report
+
+    try:
+        return write_report(report, out)
+    except OSError as exc:
+        fallback = fallback_directory("ampkit-verify-")
+        # Plain print, not the console: a wrapped path cannot be copied.
+        print(f"error: could not write the report to {out} ({exc.strerror or exc}); writing it to {fallback} "
+              "instead", file=sys.stderr)
+        return write_report(report, fallback)
+
+
 def run(args: argparse.Namespace) -> int:
     _require_report_extras()
     from rich.console import Console
@@ -114,16 +143,14 @@ def run(args: argparse.Namespace) -> int:
 
     from ampkit.tasks import TaskLoadError
     from ampkit.verify.harness import VerifyConfig, VerifyError, plan, run_verify
-    from ampkit.verify.report import summary_table, write_report
+    from ampkit.verify.report import summary_table
 
     precisions = None
     if args.precisions is not None:
         precisions = tuple(x.strip() for x in args.precisions.split(",") if x.strip())
         if not precisions:
             raise UsageError("--precisions is empty; write a list such as fp32,bf16")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {args.out!r} is a file; give a directory for report.json, report.md, report.html")
+    out = _check_out(args.out)
     config = VerifyConfig(task=args.task, precisions=precisions, device=args.device, steps=args.steps,
                           warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,
                           tolerances=_tolerances(args), measure_env=not args.no_measure_env, nproc=args.nproc,
@@ -156,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
         report = run_verify(config, on_progress=on_progress, resolved=resolved)
         progress.update(job, description="writing the report")
-        paths = write_report(report, out)
+        paths = _write_or_keep(report, out)
         progress.update(job, description=f"done: {report['verdict']}")
     stdout = Console()
     if not stdout.is_terminal:  # logs and pipes: wide enough that the table does not wrap every cell

@@ -147,8 +147,10 @@ def _fmt_db(v: Any) -> str:
     return "exact" if math.isinf(v) else f"{v:.1f} dB"
 
 
-def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[str, Any] | None = None) -> str:
-    """The report page as a string (see ``write_html``)."""
+def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[str, Any] | None = None, *,
+                partial: str | None = None) -> str:
+    """The report page as a string (see ``write_html``); ``partial``: how an unfinished run ended
+    (``sigint``, ``sigterm``, ``exception``, ``os_exit``), shown above the findings."""
     if not isinstance(result, DiagnosisResult):
         result = DiagnosisResult(findings=sort_findings(list(result)))
     env = environment or result.environment or {}
@@ -158,6 +160,9 @@ def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[s
             + (f" · step {_esc(result.step)}" if result.step is not None else "")
             + f" · {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
             + (f" · torch {_esc(env.get('torch'))} on {_esc(env.get('device'))}" if env else "") + "</div>"]
+    if partial is not None:
+        head.append(f'<div class="finding warning"><b>Partial report:</b> the script ended by {_esc(partial)} '
+                    'before its normal end; these are the findings made until then.</div>')
     if result.keep_fp32:
         head.append(f'<h2>Verified fix</h2><div class="ok"><code>MixedPrecision(..., keep_fp32='
                     f"{_esc(repr(result.keep_fp32))})</code>{_verification_html(result)}</div>")
@@ -180,6 +185,6 @@ def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[s
 
 
 def write_html(path: str | os.PathLike[str], result: DiagnosisResult | Sequence[Finding],
-               environment: dict[str, Any] | None = None) -> None:
-    """Write the self-contained HTML report atomically."""
-    atomic_write_bytes(path, render_html(result, environment).encode())
+               environment: dict[str, Any] | None = None, *, partial: str | None = None) -> None:
+    """Write the self-contained HTML report atomically (``partial``: see ``render_html``)."""
+    atomic_write_bytes(path, render_html(result, environment, partial=partial).encode())

@@ -25,7 +25,7 @@ import runpy
 import sys
 import traceback
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,11 +36,13 @@ import torch
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.display import sort_findings
 from ampkit.diagnose.script.context import Context, Failure
+from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.replay import replay_capture, replay_precision
 from ampkit.diagnose.script.rules import finalize
 from ampkit.diagnose.script.state import Sampler
+from ampkit.diagnose.script.target import defined_tasks, require_module
 from ampkit.diagnose.script.watchers.model import Capture
 from ampkit.diagnose.step.result import SCHEMA, DiagnosisResult
 from ampkit.findings import Finding
@@ -67,10 +69,28 @@ class ScriptReport:
     """The device the observed models ran on."""
     scalers: list[dict[str, Any]] = field(default_factory=list)
     """Per enabled GradScaler: where it was created, its scale trajectory summary, skipped steps."""
+    ended: str | None = None
+    """How a partial run ended (``script.ending.ENDINGS``); None for a normal end, ``sys.exit`` included."""
+    tasks: list[str] = field(default_factory=list)
+    """Names of the Task instances and classes the script defines (a file meant for ``FILE:attr``)."""
 
     @property
     def has_errors(self) -> bool:
         return any(f.severity == "error" for f in self.findings)
+
+    @property
+    def partial(self) -> bool:
+        """The script did not reach its normal end: the findings are those made until then."""
+        return self.ended is not None
+
+    def doctor_exit_status(self) -> int:
+        """``ampkit doctor``'s exit status: 130/143 after SIGINT/SIGTERM, else the script's own non-zero
+        status, else 1 for an error-severity finding, else 0."""
+        if self.ended in SIGNAL_EXIT_STATUS:
+            return SIGNAL_EXIT_STATUS[self.ended]
+        if self.exit_status:
+            return self.exit_status
+        return 1 if self.has_errors else 0
 
     def environment(self) -> dict[str, Any]:
         from ampkit.env import collect_environment
@@ -90,6 +110,9 @@ class ScriptReport:
     def to_json(self) -> dict[str, Any]:
         doc = self.result().to_json(self.environment())
         doc["schema"] = SCHEMA
+        doc["partial"] = self.partial
+        if self.ended is not None:
+            doc["ended"] = self.ended
         return doc
 
 
@@ -120,8 +143,12 @@ def merge_replayed_findings(process: list[Finding], replayed: list[Finding]) -> 
 
 class _Runner:
     def __init__(self, target: str, args: Sequence[str], *, module: bool, intended: str | None, replay: bool,
-                 checkup: bool, bisect: bool, max_replays: int, sampler: Sampler | None, measure_speed: bool):
+                 checkup: bool, bisect: bool, max_replays: int, sampler: Sampler | None, measure_speed: bool,
+                 on_os_exit: Callable[[ScriptReport], int] | None = None):
         self.target, self.args, self.module = target, list(args), module
+        self.on_os_exit = on_os_exit
+        self._globals: dict[str, Any] = {}
+        self._patches = PatchSet()
         self.intended, self.replay, self.checkup, self.bisect = intended, replay, checkup, bisect
         self.max_replays, self.measure_speed = max_replays, measure_speed
         if module:
@@ -250,32 +277,49 @@ class _Runner:
                 sys.modules["__main__"] = main
 
     def run(self) -> ScriptReport:
-        patches = PatchSet()
-        status = 0
+        self._patches = PatchSet()
+        status, ended = 0, None
         crash: BaseException | None = None
         try:
-            self.ctx.install(patches)
+            self.ctx.install(self._patches)
         except BaseException:
-            patches.restore()
+            self._patches.restore()
             raise
         try:
-            with self._as_main():
+            with trap_ends(self._before_os_exit if self.on_os_exit is not None else None), self._as_main():
                 if self.module:
-                    runpy.run_module(self.target, run_name="__main__", alter_sys=True)
+                    self._globals = runpy.run_module(self.target, run_name="__main__", alter_sys=True)
                 else:
-                    runpy.run_path(str(self.path), run_name="__main__")
+                    self._globals = runpy.run_path(str(self.path), run_name="__main__")
         except SystemExit as exc:
             status = _exit_status(exc.code)
         except KeyboardInterrupt:
-            raise
+            status, ended = SIGNAL_EXIT_STATUS["sigint"], "sigint"
+        except ScriptTerminated:
+            status, ended = SIGNAL_EXIT_STATUS["sigterm"], "sigterm"
         except BaseException as exc:
-            status, crash = 1, exc
+            status, crash, ended = 1, exc, "exception"
         finally:
-            patches.restore()
+            self._patches.restore()
+        return self._conclude(status, ended, crash)
+
+    def _before_os_exit(self, status: int) -> int:
+        """The script called ``os._exit(status)``: conclude, hand the report over, return the exit status."""
+        self._patches.restore()
+        report = self._conclude(_exit_status(status), "os_exit", None)
+        return self.on_os_exit(report) if self.on_os_exit is not None else report.exit_status
+
+    def _conclude(self, status: int, ended: str | None, crash: BaseException | None) -> ScriptReport:
+        """The report of what was observed so far; after a signal, without the checkup replay
+        (seconds of work the user just asked to stop)."""
+        if ended in SIGNAL_EXIT_STATUS:
+            print(f"ampkit doctor: {ended.upper()} at step {self.ctx.iteration}; reporting the findings so far",
+                  file=sys.stderr)
         if crash is not None:
             self._explain(crash)
         finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed)
-        if self.checkup and not any(d.has_errors for d in self.diagnoses) and self.ctx.models.last is not None:
+        if (self.checkup and ended not in SIGNAL_EXIT_STATUS and not any(d.has_errors for d in self.diagnoses)
+                and self.ctx.models.last is not None):
             self._replay(self.ctx.models.last, "checkup", self.ctx.models.last.step)
         models = self.ctx.models
         replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
@@ -286,7 +330,7 @@ class _Runner:
             script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
             diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.iteration, replays=self.replays,
             device=str(self.ctx.models.last.device) if self.ctx.models.last is not None else None,
-            scalers=self._scaler_summary(),
+            scalers=self._scaler_summary(), ended=ended, tasks=defined_tasks(self._globals),
         )
 
     def _scaler_summary(self) -> list[dict[str, Any]]:
@@ -356,6 +400,7 @@ def run_script(
     target: str | os.PathLike[str], args: Sequence[str] = (), *, module: bool = False, precision: str | None = None,
     replay: bool = True, checkup: bool = True, bisect: bool = True, max_replays: int = 3,
     sampler: Sampler | None = None, measure_speed: bool = True,
+    on_os_exit: Callable[[ScriptReport], int] | None = None,
 ) -> ScriptReport:
     """Run a training script as ``__main__`` under the doctor's watchers and return the findings.
 
@@ -370,11 +415,20 @@ def run_script(
         sampler: which iterations are observed densely (``ampkit.diagnose.script.state.Sampler``).
         measure_speed: measure matmul throughput for SLOW_LOW_PRECISION (about 0.2 s once per process).
 
+        on_os_exit: called with the report when the script calls ``os._exit(status)``; it returns the
+            status the process exits with.  ``os._exit`` never returns, so without it the run's
+            findings die with the process.  While the script runs, SIGTERM ends it like Ctrl-C does
+            (``ScriptReport.ended``).
+
     Raises:
         FileNotFoundError: ``target`` is not an existing file (``module=False``).
+        ModuleNotFoundError: ``python -m target`` would find no module (``module=True``).
     """
     if not module and not Path(target).is_file():
         raise FileNotFoundError(f"no such script: {os.fspath(target)!r}")
+    if module:
+        require_module(os.fspath(target))
     runner = _Runner(os.fspath(target), args, module=module, intended=precision, replay=replay, checkup=checkup,
-                     bisect=bisect, max_replays=max_replays, sampler=sampler, measure_speed=measure_speed)
+                     bisect=bisect, max_replays=max_replays, sampler=sampler, measure_speed=measure_speed,
+                     on_os_exit=on_os_exit)
     return runner.run()
