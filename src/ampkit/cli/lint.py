@@ -1,7 +1,8 @@
 """``ampkit lint``: find AMP mistakes in Python source (rules AMP101–AMP116).
 
 Exit codes: 0 clean, 1 violations (a file that cannot be parsed counts as one, AMP000),
-2 usage error (unknown rule code, missing path).
+2 usage error (unknown rule code, missing path), or a `--fix` that could not be written (the file is
+left unchanged and named with the reason).
 """
 
 from __future__ import annotations
@@ -66,4 +67,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if args.format == "text" or report.fixed:
         print(summary(report), file=sys.stderr)
+    for failure in report.unwritten:
+        print(f"ampkit lint: could not write the fix, the file is unchanged: {failure}", file=sys.stderr)
+    if report.unwritten:
+        return 2
     return 1 if report.violations else 0

@@ -43,6 +43,8 @@ class LintReport:
     """Source lines checked (for throughput figures)."""
     fixed: int = 0
     """Violations removed by ``--fix``."""
+    unwritten: list[str] = field(default_factory=list)
+    """``--fix`` rewrites that could not be saved (``"path: reason"``); those files are unchanged."""
 
 
 def parse_codes(select: str | Sequence[str] | None, ignore: str | Sequence[str] | None) -> frozenset[str]:
@@ -79,7 +81,11 @@ def _expand(spec: str | Sequence[str]) -> set[str]:
 
 
 def lint_file(path: str, codes: frozenset[str] = ALL_CODES, fix: bool = False) -> tuple[list[Violation], int, int]:
-    """Lint (and with ``fix`` rewrite) one file: (violations, fixes applied, lines)."""
+    """Lint (and with ``fix`` rewrite) one file: (violations, fixes applied, lines).
+
+    Raises ``OSError`` (naming the file and the cause) when a fix cannot be written; the file
+    is then unchanged.
+    """
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -113,7 +119,11 @@ def lint_paths(paths: Sequence[str], codes: frozenset[str] = ALL_CODES, exclude:
     """Lint files and directories (recursively, skipping virtualenvs and caches)."""
     report = LintReport()
     for path in iter_python_files(paths, exclude):
-        violations, fixed, lines = lint_file(path, codes, fix)
+        try:
+            violations, fixed, lines = lint_file(path, codes, fix)
+        except OSError as exc:  # only the --fix write can raise: reading errors become AMP000
+            report.unwritten.append(f"{path}: {exc}")
+            violations, fixed, lines = lint_file(path, codes, fix=False)
         report.violations.extend(violations)
         report.fixed += fixed
         report.lines += lines
