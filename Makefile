@@ -28,8 +28,11 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+# The budget covers the training (probe + runs); the environment measurement and the report add
+# seconds.  Under 5 minutes with bf16 units, under 10 on a 2-core AVX2-only CPU (docs/verify.md).
+DEMO_BUDGET ?= 4m
 demo: $(STAMP)
-	$(VENV)/bin/ampkit verify --out runs/demo
+	$(VENV)/bin/ampkit verify --out runs/demo --time-budget $(DEMO_BUDGET)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

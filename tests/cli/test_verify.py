@@ -169,3 +169,67 @@ def test_verify_report_that_cannot_be_written_at_the_end_goes_to_the_temp_direct
     assert f"could not write the report to {out}" in captured.err and str(kept.with_suffix(".html")) in captured.out
     assert "ampkit verify" in captured.out  # the summary table is printed too
     assert json.loads(kept.read_text())["verdict"] == "pass"
+@pytest.mark.parametrize("value", ["abc", "0", "5d", "-1m"])
+def test_verify_time_budget_bad_value_exits_2_with_the_accepted_forms(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    try:
+        code = main(["verify", "tinygpt", f"--time-budget={value}", "--out", str(tmp_path / "out")])
+    except SystemExit as exited:  # argparse's own exit for a bad option value
+        code = exited.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--time-budget" in err and ("90s, 5m, 1h" in err or "more than 0 seconds" in err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def budget_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, str]:
+    """Steady (50 ms a step, 40 planned) under a 1 s budget, as in a CI log: stderr is a pipe, not a terminal."""
+    out = tmp_path_factory.mktemp("budget")
+    proc = subprocess.run(
+        cli_command("verify", task_ref("Steady"), "--precisions", "fp32,bf16", "--time-budget", "1s",
+                    "--no-measure-env", "--out", str(out)),
+        capture_output=True, text=True, timeout=240,
+    )
+    return Job(proc.returncode, out), proc.stderr
+
+
+def test_verify_time_budget_gives_every_precision_the_same_shrunk_steps(budget_job: tuple[Job, str]) -> None:
+    job, _ = budget_job
+    assert job.code == 0
+    report = job.report
+    budget = report["protocol"]["time_budget"]
+    assert budget["requested_s"] == 1.0 and budget["planned_steps"] == 40
+    assert budget["steps"] == report["protocol"]["steps"] == 10 and budget["shrunk"]
+    assert sorted(budget["step_s"]) == ["bf16", "fp32"] and all(s >= 0.05 for s in budget["step_s"].values())
+    for precision in ("fp32", "bf16"):
+        run = job.run(precision)
+        assert len(run["loss"]) == len(run["steps"]) == 10 and run["eval_history"][-1]["step"] == 10
+    assert "instead of" in budget["note"] or "minimum of 10 steps" in budget["note"]
+    assert "Time budget 1s" in (job.out / "report.md").read_text()
+    jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_verify_time_budget_below_the_probe_runs_the_minimum_and_says_so(budget_job: tuple[Job, str]) -> None:
+    job, err = budget_job
+    assert job.report["protocol"]["time_budget"]["at_minimum"] is True
+    assert "even the minimum of 10 steps per precision does not fit" in err
+    assert "running that minimum, so the job overruns" in err
+
+
+def test_verify_progress_lines_appear_when_stderr_is_not_a_terminal(budget_job: tuple[Job, str]) -> None:
+    _, err = budget_job
+    lines = [line for line in err.splitlines() if line.startswith("verify: bf16 (2/2) step ")]
+    assert len(lines) >= 2 and all(" s/step · " in line and " left" in line for line in lines)
+    assert "verify: fp32 (1/2): " in err and "s/step measured during warm-up; whole job about" in err
+
+
+def test_verify_low_precision_slower_than_fp32_passes_with_the_no_speedup_note(tmp_path: Path) -> None:
+    job = verify(tmp_path, task_ref("SlowLowPrecision"), "--precisions", "fp32,bf16")
+    assert job.code == 0
+    bf16 = job.comparison("bf16")
+    assert bf16["verdict"] == "pass" and bf16["numerics"] == "pass" and bf16["speedup"] < 1.0
+    assert bf16["summary"].startswith("numerics within tolerance; no speed-up on this hardware")
+    assert bf16["hardware"]["slower"] is True
+    assert "> **bf16: numerics within tolerance; no speed-up on this hardware" in (tmp_path / "report.md").read_text()

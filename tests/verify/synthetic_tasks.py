@@ -143,3 +143,25 @@ class NotATask:
 
 
 task = Regression()
+
+
+class Steady(Regression):
+    """Every step sleeps 50 ms: a fixed step time, so a time budget's effect does not depend on the machine."""
+
+    name = "steady"
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        time.sleep(0.05)
+        return super().loss(model, batch)
+
+
+class SlowLowPrecision(Regression):
+    """Sleeps 40 ms a step under autocast only: a low precision with no speed-up, and fp32's numerics."""
+
+    name = "slow-low-precision"
+    default_steps = 20
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            time.sleep(0.04)
+        return super().loss(model, batch)

@@ -124,3 +124,26 @@ def test_loss_distance_is_infinite_when_a_window_has_no_finite_loss() -> None:
     broken: list[float | None] = [1.0] * 10 + [None] * 10
     assert math.isinf(loss_distance(broken, [1.0] * 20, warmup=0, window=3))
     assert smooth([None, 2.0], 1)[0] != smooth([None, 2.0], 1)[0]  # NaN where the window is empty
+
+
+ENV_NO_FAST_BF16 = {"cpu": {"model": "AVX2-only CPU", "fast_bf16": False, "fast_fp16": False,
+                            "flags": {"avx512_bf16": False, "amx_bf16": False, "avx2": True}},
+                    "matmul_tflops": {"cpu": {"fp32": 0.4, "bf16": 0.02}}}
+
+
+def test_compare_slower_low_precision_passes_numerics_with_the_hardware_facts() -> None:
+    runs = [dict(_run("fp32", BASE), device="cpu"), dict(_run("bf16", BASE, sps=5.0), device="cpu")]
+    bf16 = compare_runs(runs, metrics=METRICS, steps=100, warmup=10, tol=Tolerances(),
+                        environment=ENV_NO_FAST_BF16)[1]
+    assert bf16["verdict"] == "pass" and bf16["numerics"] == "pass"
+    assert bf16["summary"] == "numerics within tolerance; no speed-up on this hardware (0.05x)"
+    assert bf16["hardware"]["fast_path"] is False and bf16["hardware"]["facts"]["matmul_tflops"]["ratio"] == 0.05
+    assert "no fast bf16 path (ampkit env: fast bf16 no, avx512_bf16 no, amx_bf16 no, avx2 yes)" in bf16["notes"][0]
+
+
+def test_compare_min_speedup_failure_is_a_speed_failure_not_a_numerics_one() -> None:
+    runs = [_run("fp32", BASE), _run("bf16", BASE, sps=5.0)]
+    bf16 = compare_runs(runs, metrics=METRICS, steps=100, warmup=10, tol=Tolerances(min_speedup=1.0))[1]
+    assert bf16["verdict"] == "fail" and bf16["numerics"] == "pass"
+    assert bf16["reasons"] == ["speed-up 0.05x below the required 1.00x"]
+    assert bf16["summary"].startswith("numerics within tolerance; no speed-up on this hardware")

@@ -6,6 +6,11 @@ steps, throughput and peak memory after warm-up, the environment, and a verdict 
 With --nproc N every precision runs on N ranks under torchrun (DDP, the task's batch split over
 the ranks) and the report adds the world size and the scaling efficiency against one rank.
 
+The step time of every precision is measured during its warm-up, and the whole run's estimate
+is shown (and, when stderr is not a terminal, plain progress lines every 10 s or 10 % of the
+run).  --time-budget 5m probes every precision for a few steps first and then shrinks the
+number of steps, equally for every precision, so that the job fits.
+
 Exit status: 0 every precision passes, 1 at least one fails, 2 bad input.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,15 @@ def _fraction(text: str) -> float:
     if not 0.0 <= value < 10.0 or value != value:
         raise argparse.ArgumentTypeError(f"{text!r}: a tolerance is a fraction >= 0, such as 0.02 for 2%")
     return value
+
+
+def _duration(text: str) -> float:
+    from ampkit.verify.budget import DurationError, parse_duration
+
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def register(subparsers: Any) -> None:
@@ -58,6 +73,9 @@ def register(subparsers: Any) -> None:
                         "task's batch split over the ranks; adds world size and scaling efficiency to the report")
     p.add_argument("--no-scaling-baseline", action="store_true",
                    help="with --nproc N > 1, skip the 1-rank run of each precision (no scaling efficiency)")
+    p.add_argument("--time-budget", type=_duration, metavar="DURATION",
+                   help="fit the training into DURATION (seconds, or 90s, 5m, 1h): every precision is probed for a "
+                        "few steps, then all run the same, smaller number of steps; the report says so")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report directory (default {DEFAULT_OUT})")
     tol = p.add_argument_group("tolerances (fractions; see docs/verify.md)")
     tol.add_argument("--tol-metric", action="append", default=[], metavar="[NAME=]X",
@@ -143,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ampkit.tasks import TaskLoadError
     from ampkit.verify.harness import VerifyConfig, VerifyError, plan, run_verify
-    from ampkit.verify.report import summary_table
+    from ampkit.verify.report import callouts, summary_table
 
     precisions = None
     if args.precisions is not None:
@@ -154,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     config = VerifyConfig(task=args.task, precisions=precisions, device=args.device, steps=args.steps,
                           warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,
                           tolerances=_tolerances(args), measure_env=not args.no_measure_env, nproc=args.nproc,
-                          scaling_baseline=not args.no_scaling_baseline)
+                          scaling_baseline=not args.no_scaling_baseline, time_budget=args.time_budget)
     try:
         resolved = plan(config)
     except (VerifyError, TaskLoadError) as exc:
@@ -162,33 +180,105 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     for note in resolved.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
-    n, steps, parts = len(resolved.precisions), resolved.steps, resolved.parts
-    index = {name: i for i, name in enumerate(resolved.precisions)}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, disable=args.no_progress) as progress:
-        job = progress.add_task("measuring the environment", total=n * parts * steps)
-
-        def on_progress(precision: str, event: dict[str, Any]) -> None:
-            i, part = index[precision], event.get("part", 0)
-            label = f"{precision} ({i + 1}/{n})"
-            if resolved.nproc is not None:
-                label += f", {1 if part else resolved.nproc} rank{'' if part else 's'}"
-            base = (i * parts + part) * steps
-            if event["phase"] == "setup":
-                progress.update(job, completed=base, description=f"{label}: building the model")
-            elif event["phase"] == "train":
-                progress.update(job, completed=base + event["step"], description=f"{label}: step {event['step']}/{steps}")
-            elif event["phase"] == "done":
-                progress.update(job, completed=base + steps, description=f"{label}: {event['status']}")
-
-        report = run_verify(config, on_progress=on_progress, resolved=resolved)
-        progress.update(job, description="writing the report")
+    plain = not console.is_terminal  # logs and pipes: no bar (it would print once, at the end), lines instead
+    with Progress(*columns, console=console, disable=args.no_progress or plain) as progress:
+        tracker = _Tracker(resolved, progress, plain=plain and not args.no_progress)
+        report = run_verify(config, on_progress=tracker, resolved=resolved)
+        progress.update(tracker.job, description="writing the report")
         paths = _write_or_keep(report, out)
-        progress.update(job, description=f"done: {report['verdict']}")
+        progress.update(tracker.job, description=f"done: {report['verdict']}")
     stdout = Console()
     if not stdout.is_terminal:  # logs and pipes: wide enough that the table does not wrap every cell
         stdout = Console(width=160)
     stdout.print(summary_table(report))
+    for line in callouts(report):
+        print(f"note: {line}")
     print(f"Report: {paths['html']}  (also {paths['json'].name}, {paths['md'].name})")
     sys.stdout.flush()
     return 0 if report["verdict"] == "pass" else 1
+
+
+class _Tracker:
+    """The job's progress: the bar (terminal) or plain lines (logs), with the estimated time left.
+
+    Receives the harness's progress events; step times come from their arrival times
+    (``ampkit.verify.budget``), so the estimate is shown as soon as a precision's warm-up is measured.
+    """
+
+    def __init__(self, resolved: Any, progress: Any, *, plain: bool) -> None:
+        from ampkit.verify.budget import ProgressLog, RunEstimate
+
+        self.names, self.parts, self.nproc = resolved.precisions, resolved.parts, resolved.nproc
+        self.steps, self.warmup, self.eval_every = resolved.steps, resolved.warmup, resolved.eval_every
+        self.progress, self.plain, self.started = progress, plain, time.perf_counter()
+        self.runs = [f"{name}/{part}" for name in self.names for part in range(self.parts)]
+        self.estimate = RunEstimate(self.runs, self.steps, self.eval_every)
+        self.log = ProgressLog(len(self.runs) * self.steps, self.started)
+        self.job = progress.add_task("measuring the environment", total=len(self.runs) * self.steps)
+        self.announced: set[str] = set()
+
+    def say(self, text: str) -> None:
+        if self.plain:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            self.progress.console.print(text, markup=False, highlight=False)
+
+    def __call__(self, precision: str, event: dict[str, Any]) -> None:
+        from ampkit.verify.budget import format_duration
+
+        phase, part, now = event["phase"], event.get("part", 0), time.perf_counter()
+        i, n = self.names.index(precision), len(self.names)
+        if event.get("probe"):
+            if phase == "launch":
+                self.say(f"verify: probing {precision} ({i + 1}/{n}) for the time budget")
+            self.progress.update(self.job, description=f"probing {precision}: {phase} {event.get('step', '')}")
+            return
+        if phase == "plan":
+            return self._plan(event)
+        run = f"{precision}/{part}"
+        self.estimate.feed(run, event, now)
+        label = f"{precision} ({i + 1}/{n})"
+        if self.nproc is not None:
+            label += f", {1 if part else self.nproc} rank{'' if part else 's'}"
+        base = self.runs.index(run) * self.steps
+        left = self.estimate.left_s()
+        if phase == "launch" and self.plain:
+            self.say(f"verify: {label} starting; about {format_duration(left)} left")
+        elif phase == "setup":
+            self.progress.update(self.job, completed=base, description=f"{label}: building the model")
+        elif phase == "train":
+            step = int(event["step"])
+            self._announce(run, label, step, left)
+            self.progress.update(self.job, completed=base + step,
+                                 description=f"{label}: step {step}/{self.steps}, ~{format_duration(left)} left")
+            if self.plain and self.log.due(base + step, now):
+                cost = self.estimate.cost(run)
+                self.say(self.log.line(label, step, self.steps, base + step, now, left, cost.step_s if cost else None))
+        elif phase == "done":
+            self.progress.update(self.job, completed=base + self.steps, description=f"{label}: {event['status']}")
+            if self.plain:
+                self.say(f"verify: {label} {event['status']} after {format_duration(now - self.started)}; "
+                         f"about {format_duration(left)} left")
+
+    def _announce(self, run: str, label: str, step: int, left: float | None) -> None:
+        """Once per run, when its warm-up has given a step time: that time and the whole job's estimate."""
+        from ampkit.verify.budget import format_duration
+
+        cost = self.estimate.cost(run)
+        if run in self.announced or step < max(3, min(self.warmup, self.steps)) or cost is None:
+            return
+        self.announced.add(run)
+        whole = time.perf_counter() - self.started + (left or 0.0)
+        self.say(f"verify: {label}: {cost.step_s:.3g} s/step measured during warm-up; whole job about "
+                 f"{format_duration(whole)} ({format_duration(left)} left)")
+
+    def _plan(self, event: dict[str, Any]) -> None:
+        from ampkit.verify.budget import Cost, RunEstimate
+
+        self.steps, self.warmup, self.eval_every = event["steps"], event["warmup"], event["eval_every"]
+        costs = {f"{name}/0": Cost(**c) for name, c in event["costs"].items()}
+        self.estimate = RunEstimate(self.runs, self.steps, self.eval_every, costs)
+        self.log.total_steps = len(self.runs) * self.steps
+        self.progress.update(self.job, total=len(self.runs) * self.steps, completed=0)
+        self.say(f"verify: {event['note']}")

@@ -20,6 +20,11 @@ when a metric is non-finite or worse than ``tol.metric``, when the loss distance
 ``tol.loss``, when more than ``tol.skipped`` of its steps were skipped, when more than
 ``tol.nonfinite`` of its losses were non-finite, or (only if asked) when its speed-up is below
 ``tol.min_speedup``.
+
+Numerics and speed are judged apart: ``numerics`` is ``pass`` or ``fail`` on every check above
+except the speed-up, and ``summary`` says both in one line ("numerics within tolerance; no
+speed-up on this hardware (0.05x)").  A low precision slower than fp32 is a note, with the
+hardware facts of ``ampkit env`` (``hardware``), never a failure unless ``--min-speedup`` asked.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["LOSS_DISTANCE_DEFINITION", "Tolerances", "compare_runs", "loss_distance", "smooth"]
+__all__ = ["LOSS_DISTANCE_DEFINITION", "NO_SPEEDUP", "Tolerances", "compare_runs", "loss_distance", "smooth"]
+
+SPEED_REASON = "speed-up "
+"""Every speed failure (``--min-speedup``) starts so; every other reason is about numerics."""
+NO_SPEEDUP = "no speed-up on this hardware"
 
 LOSS_DISTANCE_DEFINITION = (
     "d = mean over the steps after warm-up of |S_p(t) - S_fp32(t)|, divided by fp32's loss range "
@@ -127,13 +136,14 @@ def _own_checks(run: dict[str, Any], steps: int, tol: Tolerances, reasons: list[
 
 
 def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: int, warmup: int,
-                 tol: Tolerances) -> list[dict[str, Any]]:
+                 tol: Tolerances, environment: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One comparison entry per run (fp32 first, as the baseline) with verdict and reasons."""
     window = tol.smooth or max(1, round(steps / 20))
     base = next((r for r in runs if r["precision"] == "fp32"), None)
     entries = []
     for run in runs:
         reasons: list[str] = []
+        speed_reasons: list[str] = []
         notes: list[str] = []
         entry: dict[str, Any] = {"precision": run["precision"], "vs": "fp32", "baseline": run is base}
         entry.update(_own_checks(run, steps, tol, reasons))
@@ -142,7 +152,15 @@ def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: 
                 reasons.append("the fp32 baseline did not complete, so nothing can be compared")
         elif run is not base:
             entry.update(_against(run, base, metrics, warmup, window, tol, reasons, notes))
+            speed_reasons = [r for r in reasons if r.startswith(SPEED_REASON)]
+            reasons = [r for r in reasons if not r.startswith(SPEED_REASON)] + speed_reasons
+            hardware = _hardware(run, environment or {}, entry.get("speedup"))
+            if hardware is not None:
+                entry["hardware"] = hardware
+                notes.insert(0, hardware["note"])
         entry["loss_smoothing_window"] = window
+        entry["numerics"] = "fail" if len(reasons) > len(speed_reasons) else "pass"
+        entry["summary"] = _summary(entry, run is base, speed_reasons)
         entry["verdict"] = "fail" if reasons else "pass"
         entry["reasons"] = reasons or ["within every tolerance" if run is not base else "baseline completed"]
         entry["notes"] = notes
@@ -187,11 +205,57 @@ def _against(run: dict[str, Any], base: dict[str, Any], metrics: dict[str, str],
     rt, bt = run.get("throughput") or {}, base.get("throughput") or {}
     out["speedup"] = _ratio(rt.get("samples_per_s"), bt.get("samples_per_s"))
     out["memory_ratio"] = _ratio(_training_bytes(run), _training_bytes(base))
-    speedup = out["speedup"]
-    if speedup is not None and speedup < 1.0:
-        notes.append(f"{run['precision']} is slower than fp32 here ({speedup:.2f}x): this device has no fast "
-                     f"{run['precision']} path (see `ampkit env`)")
+    speedup = out["speedup"]  # a speed-up below 1 is explained by compare_runs' hardware note
     if tol.min_speedup is not None and (speedup is None or speedup < tol.min_speedup):
-        reasons.append(f"speed-up {speedup if speedup is None else f'{speedup:.2f}x'} below the required "
+        reasons.append(f"{SPEED_REASON}{speedup if speedup is None else f'{speedup:.2f}x'} below the required "
                        f"{tol.min_speedup:.2f}x")
     return out
+
+
+def _summary(entry: dict[str, Any], baseline: bool, speed_reasons: list[str]) -> str:
+    """Numerics and speed in one line, each judged on its own."""
+    if baseline:
+        return "baseline completed" if entry["numerics"] == "pass" else "baseline failed"
+    numerics = "numerics within tolerance" if entry["numerics"] == "pass" else "numerics out of tolerance"
+    speedup = entry.get("speedup")
+    if speedup is None:
+        speed = "speed-up not measured"
+    elif speedup < 1.0:
+        speed = f"{NO_SPEEDUP} ({speedup:.2f}x)"
+    else:
+        speed = f"{speedup:.2f}x the speed of fp32"
+    return f"{numerics}; {speed}" + ("; below the required speed-up" if speed_reasons else "")
+
+
+def _hardware(run: dict[str, Any], env: dict[str, Any], speedup: float | None) -> dict[str, Any] | None:
+    """The ``ampkit env`` facts behind a missing speed-up: no fast path on the CPU, or a measured slowdown.
+
+    None when the precision has a fast path and ran faster than fp32 (nothing to explain).
+    """
+    precision, device = run["precision"], str(run.get("device", "cpu")).split(":")[0]
+    cpu = env.get("cpu") or {}
+    fast = cpu.get(f"fast_{precision}") if device == "cpu" else None
+    slow = speedup is not None and speedup < 1.0
+    if fast is not False and not slow:
+        return None
+    facts: dict[str, Any] = {"device": device}
+    if device == "cpu":
+        flags = cpu.get("flags") or {}
+        facts.update({"cpu_model": cpu.get("model"), f"fast_{precision}": fast,
+                      "flags": {k: v for k, v in flags.items() if precision in k or k in ("avx512f", "avx2")},
+                      "torch_capability": cpu.get("torch_capability")})
+    tflops: dict[str, Any] = (env.get("matmul_tflops") or {}).get(device) or next(iter((env.get("matmul_tflops") or {}).values()), {})
+    if tflops.get("fp32") and tflops.get(precision):
+        facts["matmul_tflops"] = {"fp32": tflops["fp32"], precision: tflops[precision],
+                                  "ratio": round(tflops[precision] / tflops["fp32"], 3)}
+    why = (f"this CPU has no fast {precision} path (ampkit env: fast {precision} no"
+           + "".join(f", {k} {'yes' if v else 'no'}" for k, v in (facts.get("flags") or {}).items()) + ")"
+           if fast is False else f"{precision} ran slower than fp32 on this {device}")
+    if facts.get("torch_capability"):
+        why += f", torch kernels {facts['torch_capability']}"
+    if "matmul_tflops" in facts:
+        m = facts["matmul_tflops"]
+        why += f"; matmul {precision} {m[precision]:g} vs fp32 {m['fp32']:g} TFLOP/s ({m['ratio']:.2f}x)"
+    measured = f" (measured {speedup:.2f}x fp32)" if speedup is not None else ""
+    note = f"{NO_SPEEDUP.capitalize()} for {precision}{measured}: {why}. The numerics are judged on their own."
+    return {"fast_path": fast, "slower": slow, "facts": facts, "note": note}

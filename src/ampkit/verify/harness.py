@@ -11,6 +11,11 @@ With ``nproc`` each precision runs under torchrun on that many DDP ranks instead
 (``ampkit.verify.launch``), plus, when ``nproc`` > 1, a 1-rank run of the same precision for the
 scaling efficiency.
 
+With ``time_budget`` every precision is first probed for a few steps (``_budgeted``), and the
+step count is then shrunk, equally for every precision, so that the runs fit the budget
+(``ampkit.verify.budget``).  A ``launch`` event precedes each worker, and a ``plan`` event
+(precision ``fp32``) carries the budgeted plan, so a caller can estimate the time left.
+
 Ctrl-C stops the running worker (terminate, then kill after 10 s) and propagates; the report
 is only written after every run finished, so an interrupted job leaves no partial report.
 """
@@ -24,8 +29,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,15 @@ import torch
 from ampkit._util.version import PACKAGE_DIR, __version__
 from ampkit.precision import Precision, PrecisionError, resolve_device
 from ampkit.tasks import Task, load_task, split_task_ref
+from ampkit.verify.budget import (
+    BUDGET_SAFETY,
+    MIN_STEPS,
+    PROBE_STEPS,
+    Cost,
+    Timeline,
+    fit_steps,
+    format_duration,
+)
 from ampkit.verify.compare import LOSS_DISTANCE_DEFINITION, Tolerances, compare_runs
 from ampkit.verify.worker import PROGRESS_PREFIX
 
@@ -74,6 +89,8 @@ class VerifyConfig:
     """Ranks per precision under torchrun with DDP (the task's batch split over them); None: one plain process."""
     scaling_baseline: bool = True
     """With ``nproc`` > 1, also run each precision on 1 rank for the scaling efficiency."""
+    time_budget: float | None = None
+    """Seconds for the probe and the runs together (``--time-budget``): fewer steps, equal for all; None: no limit."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +145,7 @@ def plan(config: VerifyConfig) -> Plan:
     _positive("warmup", config.warmup, 0)
     _positive("eval_every", config.eval_every, 1)
     _positive("nproc", config.nproc, 1)
+    _check_budget(config)
     try:
         device = resolve_device(config.device)
     except PrecisionError as exc:
@@ -168,6 +186,17 @@ def plan(config: VerifyConfig) -> Plan:
     return Plan(task=task, task_ref=ref, device=device, precisions=tuple(names), steps=steps, warmup=warmup,
                 eval_every=eval_every, seed=config.seed, notes=tuple(notes), nproc=config.nproc,
                 scaling_baseline=config.scaling_baseline)
+
+
+def _check_budget(config: VerifyConfig) -> None:
+    budget = config.time_budget
+    if budget is None:
+        return
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < float("inf"):
+        raise VerifyError(f"--time-budget {budget!r}: must be a number of seconds > 0 (or 90s, 5m, 1h on the CLI)")
+    if config.nproc is not None:
+        raise VerifyError("--time-budget cannot be combined with --nproc yet (the probe runs one process per "
+                          "precision): drop one of them, or set --steps yourself")
 
 
 def _check_nproc(nproc: int | None, device: torch.device, task: Task) -> None:
@@ -220,6 +249,8 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
     ``part`` is passed on in the progress events (1: the 1-rank scaling baseline).
     """
     tag = precision if part == 0 else f"{precision}.baseline"
+    if on_progress is not None:
+        on_progress(precision, _tagged({"phase": "launch"}, part))
     spec_path, result_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.result.json"
     spec = {"task": p.task_ref, "precision": precision, "device": str(p.device), "steps": p.steps,
             "warmup": p.warmup, "seed": p.seed, "eval_every": p.eval_every, "result": str(result_path)}
@@ -293,7 +324,10 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
     p = resolved if resolved is not None else plan(config)
     environment = collect_environment(full=True, measure=config.measure_env)
     runs = []
+    budget: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="ampkit-verify-") as tmp:
+        if config.time_budget is not None:
+            p, budget = _budgeted(p, float(config.time_budget), Path(tmp), on_progress)
         for precision in p.precisions:
             run = run_precision(p, precision, Path(tmp), on_progress, nproc=p.nproc)
             if p.parts == 2:
@@ -306,7 +340,7 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
             if on_progress is not None:
                 on_progress(precision, _tagged({"phase": "done", "status": run["status"]}, p.parts - 1))
     comparison = compare_runs(runs, metrics=dict(p.task.metrics), steps=p.steps, warmup=p.warmup,
-                              tol=config.tolerances)
+                              tol=config.tolerances, environment=environment)
     describe = getattr(p.task, "describe", None)
     return {
         "schema": SCHEMA,
@@ -331,9 +365,63 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
             "loss_distance": LOSS_DISTANCE_DEFINITION,
             "notes": list(p.notes),
             "nproc": p.nproc,
+            **({"time_budget": budget} if budget is not None else {}),
         },
         "environment": environment,
         "runs": runs,
         "comparison": comparison,
         "verdict": "pass" if all(c["verdict"] == "pass" for c in comparison) else "fail",
     }
+
+
+def _budgeted(p: Plan, budget_s: float, workdir: Path, on_progress: ProgressCallback | None) -> tuple[Plan, dict[str, Any]]:
+    """Probe every precision for ``PROBE_STEPS`` steps, then shrink the steps equally to fit ``budget_s``.
+
+    The probe is a real worker run (same task, seed, device and precision; one evaluation), so
+    its step time includes everything a real step does.  Its own time counts against the budget.
+    """
+    started = time.perf_counter()
+    lines: dict[str, Timeline] = {}
+    probe_dir = workdir / "probe"
+    probe_dir.mkdir()
+    n = min(PROBE_STEPS, p.steps)
+    probe = replace(p, steps=n, warmup=min(1, n - 1), eval_every=n)
+
+    def forward(precision: str, event: dict[str, Any]) -> None:
+        lines.setdefault(precision, Timeline()).feed(event, time.perf_counter())
+        if on_progress is not None:
+            on_progress(precision, {**event, "probe": True})
+
+    for precision in p.precisions:
+        run_precision(probe, precision, probe_dir, forward)
+    probe_s = time.perf_counter() - started
+    measured = {name: c for name, c in ((name, line.cost()) for name, line in lines.items()) if c is not None}
+    slowest = max(measured.values(), key=lambda c: c.step_s, default=Cost(0.0, 0.0, 0.0))
+    costs = {name: measured.get(name, slowest) for name in p.precisions}  # a failed probe: as slow as the slowest
+    fit = fit_steps(costs, steps=p.steps, warmup=p.warmup, eval_every=p.eval_every,
+                    available_s=(budget_s - probe_s) * BUDGET_SAFETY)
+    record: dict[str, Any] = {
+        "requested_s": budget_s, "probe_steps": n, "probe_s": round(probe_s, 3), "planned_steps": p.steps,
+        "steps": fit.steps, "warmup": fit.warmup, "eval_every": fit.eval_every, "shrunk": fit.steps < p.steps,
+        "minimum_steps": min(p.steps, MIN_STEPS), "at_minimum": not fit.fits, "estimate_s": fit.estimate_s,
+        "step_s": {k: round(c.step_s, 6) for k, c in costs.items()},
+        "costs": {k: {key: round(v, 6) for key, v in c.to_dict().items()} for k, c in costs.items()}}
+    record["note"] = _budget_note(record)
+    if on_progress is not None:
+        on_progress(p.precisions[0], {"phase": "plan", **record})
+    return replace(p, steps=fit.steps, warmup=fit.warmup, eval_every=fit.eval_every,
+                   notes=(*p.notes, record["note"])), record
+
+
+def _budget_note(r: dict[str, Any]) -> str:
+    times = ", ".join(f"{k} {v:.3g} s" for k, v in r["step_s"].items())
+    head = (f"time budget {format_duration(r['requested_s'])}: step times measured by a {r['probe_steps']}-step "
+            f"probe of every precision ({format_duration(r['probe_s'])}): {times}")
+    if r["at_minimum"]:
+        return (f"{head}; even the minimum of {r['steps']} steps per precision does not fit (estimated "
+                f"{format_duration(r['estimate_s'])} after the probe): running that minimum, so the job overruns")
+    if r["shrunk"]:
+        return (f"{head}; every precision runs {r['steps']} steps instead of {r['planned_steps']} (warm-up "
+                f"{r['warmup']}, evaluation every {r['eval_every']}), the same steps, data and evaluation for all, "
+                f"estimated {format_duration(r['estimate_s'])}")
+    return f"{head}; the planned {r['steps']} steps fit (estimated {format_duration(r['estimate_s'])})"

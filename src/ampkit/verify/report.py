@@ -24,7 +24,7 @@ from typing import Any
 from ampkit._util.io import atomic_write_bytes
 from ampkit._util.jsonfloat import NONFINITE_AS_NULL, dumps
 
-__all__ = ["load_schema", "render_html", "render_json", "render_markdown", "summary_table", "write_report"]
+__all__ = ["callouts", "load_schema", "render_html", "render_json", "render_markdown", "summary_table", "write_report"]
 
 MEMORY_DEFINITION = (
     "CUDA: torch.cuda.max_memory_allocated during the run. CPU: peak resident set size (getrusage) of the run's "
@@ -86,6 +86,16 @@ def _metric_deltas(entry: dict[str, Any]) -> str:
     return "; ".join(parts) or "—"
 
 
+def callouts(report: dict[str, Any]) -> list[str]:
+    """What a reader must see first: each precision's verdict line, no fast path, a shrunk time budget."""
+    out = [f"{c['precision']}: {c['summary']}" for c in report["comparison"] if c.get("summary") and not c["baseline"]]
+    out += [c["hardware"]["note"] for c in report["comparison"] if c.get("hardware")]
+    budget = report["protocol"].get("time_budget")
+    if budget:
+        out.append(budget["note"][:1].upper() + budget["note"][1:])
+    return out
+
+
 # -- Markdown ---------------------------------------------------------------------------------------
 def _md(text: Any) -> str:
     """Markdown cell text: HTML-escaped (many viewers render inline HTML) and table-safe."""
@@ -136,6 +146,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     out += [f"Task `{_md(task['ref'])}` on {_md(proto['device'])}, {proto['steps']} steps "
             f"({proto['warmup']} warm-up), seed {proto['seed']}, evaluation every {proto['eval_every']} steps. "
             f"Created {_md(report['created'])} with ampkit {_md(report['ampkit_version'])}.", ""]
+    out += [f"> **{_md(line)}**" if i == 0 else f">\n> {_md(line)}" for i, line in enumerate(callouts(report))]
+    out += [""] if callouts(report) else []
     out += ["## Verdict", ""]
     out += _md_table(
         ["precision", "verdict", "loss distance", "metric change", "skipped", "speed-up", "memory", "reasons"],
@@ -200,6 +212,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #ddd;padding:4px 8px;
 text-align:left;vertical-align:top}th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .charts{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:12px}.chart svg{width:100%;height:auto}
+.callout{border-left:4px solid #ef6c00;background:#fff3e0;padding:6px 12px;margin:8px 0}
 .chart.wide{grid-column:1/-1}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px;max-height:320px}
 code{background:#f3f3f3;padding:0 3px}ul{margin:4px 0}
 """
@@ -288,6 +301,7 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
 <p class="meta">Task <code>{_e(task['ref'])}</code> · device {_e(proto['device'])} · {_e(proto['steps'])} steps
 ({_e(proto['warmup'])} warm-up) · seed {_e(proto['seed'])} · eval every {_e(proto['eval_every'])} steps ·
 {_e(report['created'])} · ampkit {_e(report['ampkit_version'])}</p>
+{"".join(f'<p class="callout">{_e(line)}</p>' for line in callouts(report))}
 <h2>Verdict against fp32</h2>
 {_html_table(["precision", "loss distance", "metric change", "skipped", "speed-up", "memory", "reasons"],
              _verdict_rows(report))}

@@ -17,7 +17,8 @@ The run:
    only warn); the clock starts after ``warmup`` steps and stops around evaluations;
 4. evaluate every ``eval_every`` steps and at the end, under the same autocast; a loss that
    stays non-finite, or a non-finite metric, ends the run as ``diverged``;
-5. write the result atomically.  Progress goes to stdout as ``@ampkit-progress {json}`` lines.
+5. write the result atomically.  Progress goes to stdout as ``@ampkit-progress {json}`` lines:
+   ``setup``, one ``train`` per step and one ``eval`` (with its ``seconds``) per evaluation.
 
 With ``distributed: true`` in the spec (``ampkit verify --nproc N``) the same program runs on
 every rank of a torchrun launch: DDP, ``ampkit.distributed.setup``, each rank on its slice of the
@@ -190,7 +191,7 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
         emit(phase="train", step=done)
         if done % eval_every == 0 or done == steps:
             clock.stop()
-            history.append({"step": done, "metrics": _evaluate(task, model, mp, device)})
+            history.append({"step": done, "metrics": _evaluate(task, model, mp, device, done)})
             reason = _divergence(recorder, history[-1]["metrics"])
             if ranks.any_rank(reason is not None, info):  # every rank stops together, or none does
                 reason = reason or "another rank diverged"
@@ -246,11 +247,14 @@ class StepLog:
         return [{key: r[key] for key in RECORD_KEYS} for r in self._records]
 
 
-def _evaluate(task: Any, model: torch.nn.Module, mp: Any, device: torch.device) -> dict[str, float | None]:
+def _evaluate(task: Any, model: torch.nn.Module, mp: Any, device: torch.device,
+              step: int) -> dict[str, float | None]:
+    started = time.perf_counter()
     model.eval()
     with torch.no_grad(), mp.autocast():
         metrics = task.evaluate(model, device)
     model.train()
+    emit(phase="eval", step=step, seconds=time.perf_counter() - started)  # the parent's time estimate uses it
     missing = sorted(set(task.metrics) - set(metrics))
     if missing:
         raise RuntimeError(f"task {task.name!r}: evaluate() returned {sorted(metrics)} but declares metrics "
