@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ampkit._util.io import atomic_write_bytes
+from tests.helpers.mounts import run_after_mounting, tmpfs
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
@@ -140,25 +140,10 @@ def test_io_file_size_limit_names_the_target_and_the_limit(tmp_path: Path) -> No
     assert listing == "[]", "the partial temp file must be removed"
 
 
-def run_in_mount_namespace(mount: str, directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run WRITE_AND_REPORT in a private mount namespace after the shell commands ``mount``."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed")
-    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot create a mount namespace here: {probe.stderr.strip()}")
-    script = f'{{ {mount}; }} || exit 97; exec "$0" -c "$1" "$2" "$3"'
-    result = subprocess.run(["unshare", "--mount", "sh", "-c", script, sys.executable, WRITE_AND_REPORT, *args],
-                            env=ENV, cwd=directory, capture_output=True, text=True, timeout=60)
-    if result.returncode == 97:
-        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {result.stderr.strip()}")
-    return result
-
-
 def test_io_disk_full_names_the_target_and_no_space(tmp_path: Path) -> None:
     target = tmp_path / "out.bin"
-    result = run_in_mount_namespace(f"mount -t tmpfs -o size=64k tmpfs {tmp_path}", tmp_path,
-                                    str(target), str(1 << 20))
+    result = run_after_mounting(tmpfs(tmp_path, "64k"), [sys.executable, "-c", WRITE_AND_REPORT, str(target),
+                                                         str(1 << 20)], cwd=tmp_path, env=ENV, timeout=60)
     first, listing = result.stdout.splitlines()
     assert first == (f"OSError 28 cannot write {str(target)!r}: no space left on the device; free some space "
                      "or write to another file system"), result
@@ -167,9 +152,9 @@ def test_io_disk_full_names_the_target_and_no_space(tmp_path: Path) -> None:
 
 def test_io_read_only_directory_names_the_target_not_a_temp_file(tmp_path: Path) -> None:
     target = tmp_path / "report.json"
-    result = run_in_mount_namespace(
-        f"mount -t tmpfs -o size=64k tmpfs {tmp_path} && mount -o remount,ro {tmp_path}", tmp_path,
-        str(target), "2")
+    result = run_after_mounting(f"{tmpfs(tmp_path, '64k')} && mount -o remount,ro {tmp_path}",
+                                [sys.executable, "-c", WRITE_AND_REPORT, str(target), "2"], cwd=tmp_path, env=ENV,
+                                timeout=60)
     first, _ = result.stdout.splitlines()
     assert first.startswith(f"OSError 30 cannot write {str(target)!r}: the directory {str(tmp_path)!r} is on a "
                             "read-only file system"), result

@@ -7,27 +7,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from ampkit._util.procs import sigterm_unwinds
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _gone_within(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _running(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _running(pid)
+from tests.helpers.processes import running, survivors
 
 
 def _parent_of_a_child(child_code: str) -> tuple[subprocess.Popen[str], int]:
@@ -40,14 +25,14 @@ def _parent_of_a_child(child_code: str) -> tuple[subprocess.Popen[str], int]:
 def _sigkill_parent_and_check(child_code: str, timeout: float) -> None:
     parent, child = _parent_of_a_child(child_code)
     try:
-        assert _running(child)
+        assert running(child)
         parent.kill()
         parent.wait()
-        assert _gone_within(child, timeout), f"child {child} outlived its SIGKILLed parent"
+        assert survivors([child], timeout) == [], f"child {child} outlived its SIGKILLed parent"
     finally:
         parent.kill()
         parent.wait()
-        if _running(child):
+        if running(child):
             os.kill(child, signal.SIGKILL)
 
 

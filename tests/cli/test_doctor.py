@@ -4,7 +4,6 @@ the script is interrupted or ends early, and the usage errors of its targets (re
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import jsonschema
 import pytest
 
 from ampkit.cli.main import main
+from tests.helpers.mounts import read_only, run_after_mounting
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "src/ampkit/schemas/doctor.schema.json").read_text())
 
@@ -121,18 +121,11 @@ def test_doctor_sys_exit_is_a_normal_end_with_the_scripts_status(tmp_path: Path)
 
 
 def test_doctor_json_in_a_read_only_folder_exits_2_before_the_script_runs(tmp_path: Path) -> None:
-    if shutil.which("unshare") is None or shutil.which("mount") is None:
-        pytest.skip("needs unshare and mount to make a folder read-only for root")
     ro = tmp_path / "ro"
     ro.mkdir()
     script = _write(tmp_path / "train.py", f"open({str(tmp_path / 'ran')!r}, 'w').write('ran')\n")
-    doctor = (f"{sys.executable} -c 'import sys; from ampkit.cli.main import main; sys.exit(main(sys.argv[1:]))' "
-              f"doctor --json {ro}/r.json {script}")
-    proc = subprocess.run(["unshare", "--mount", "sh", "-c",
-                           f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && {doctor}"],
-                          capture_output=True, text=True, timeout=120)
-    if "mount" in proc.stderr and proc.returncode not in (0, 1, 2):
-        pytest.skip(f"cannot make a read-only bind mount here: {proc.stderr.strip()}")
+    proc = run_after_mounting(read_only(ro), [sys.executable, "-m", "ampkit.cli.main", "doctor", "--json",
+                                              f"{ro}/r.json", str(script)])
     assert proc.returncode == 2, proc.stderr
     assert f"--json '{ro}/r.json' cannot be written" in proc.stderr and "Read-only file system" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import jsonschema
 import pytest
 
 from ampkit.cli.main import main
+from tests.helpers.mounts import read_only, run_after_mounting
 
 LINT_SCHEMA = {
     "type": "object",
@@ -198,19 +198,11 @@ def test_cli_lint_pre_commit_hook_entry_runs(tmp_path: Path) -> None:
 
 
 def test_lint_fix_on_a_read_only_file_exits_2_names_it_and_leaves_it_unchanged(tmp_path: Path) -> None:
-    # Root ignores chmod, so the file system itself is made read-only: a read-only bind mount of
-    # the folder, inside a private mount namespace (nothing outside the test sees it).
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed")
     source = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
     target = tmp_path / "train.py"
     target.write_text(source)
-    script = (f"{{ mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro {tmp_path}; }} || exit 97; "
-              'exec "$0" -m ampkit.cli.main lint --fix "$1"')
-    result = subprocess.run(["unshare", "--mount", "sh", "-c", script, sys.executable, str(target)],
-                            capture_output=True, text=True, timeout=120)
-    if result.returncode == 97:
-        pytest.skip(f"cannot make a read-only bind mount here: {result.stderr.strip()}")
+    result = run_after_mounting(read_only(tmp_path), [sys.executable, "-m", "ampkit.cli.main", "lint", "--fix",
+                                                       str(target)])
     assert result.returncode == 2, result.stderr
     assert f"could not write the fix, the file is unchanged: {target}: " in result.stderr
     assert "read-only file system" in result.stderr and "Traceback" not in result.stderr

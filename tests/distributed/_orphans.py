@@ -10,19 +10,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.helpers.processes import survivors as _survivors
+
 START_TIMEOUT_S = 120.0
 """Starting torchrun and 2 ranks that import torch takes ~10 s on 2 busy cores; this bounds a hang."""
 GONE_TIMEOUT_S = 15.0
 _MARKERS = (b"torch.distributed.run", b"ampkit.distributed._rank_main")
-
-
-def running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie waiting to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def parent_of(pid: int) -> int:
@@ -53,10 +46,7 @@ def wait_for_ranks(rank_dir: Path, nproc: int, proc: subprocess.Popen[bytes],
 
 def survivors(pids: list[int], timeout: float = GONE_TIMEOUT_S) -> list[int]:
     """The pids still running after up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
+    return _survivors(pids, timeout)
 
 
 def _descendants(root: int) -> list[int]:

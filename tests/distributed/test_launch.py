@@ -12,9 +12,10 @@ import pytest
 
 import ampkit
 import ampkit.distributed as ad
+from tests.helpers.processes import running
 
 from ._dist_testlib import HERE, launch
-from ._orphans import reaping, running, survivors, wait_for_ranks
+from ._orphans import reaping, survivors, wait_for_ranks
 
 
 def test_distributed_scaling_efficiency_strong_and_weak():
