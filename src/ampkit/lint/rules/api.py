@@ -179,7 +179,8 @@ def amp110(ctx: FileContext) -> Iterator[Hit]:
     for _, site in ctx.calls():
         call = site.node
         assert isinstance(call, ast.Call)
-        if not call.args and not call.keywords and ctx.qualname(call.func) == "torch.is_autocast_enabled":
+        if not call.args and not call.keywords and ctx.qualname(call.func) == "torch.is_autocast_enabled" \
+                and not _compat_branch(ctx, call):  # before torch 2.4 there was no device argument
             yield call, ("torch.is_autocast_enabled() without a device answers for CUDA only (False "
                          "under CPU/XPU/MPS autocast); pass the device: torch.is_autocast_enabled(x.device.type)")
 

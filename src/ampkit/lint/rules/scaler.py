@@ -207,26 +207,27 @@ def _skipped_updates(ctx: FileContext, scope: Scope, events: list[StepEvent], up
                 p.jump = ev.event.node  # type: ignore[assignment]
         elif ev.kind in (ITER, EXIT, END):
             for key, p in list(pending.items()):
-                hit = _closing(key, p, ev, updates[key], jumps)
+                hit = _closing(ctx, scope, key, p, ev, updates[key], jumps)
                 if hit is not None:
                     del pending[key]
                     yield hit
 
 
-def _closing(key: str, p: _Pending, ev: StepEvent, updates: list[Site], jumps: dict[int, Site]) -> Hit | None:
+def _closing(ctx: FileContext, scope: Scope, key: str, p: _Pending, ev: StepEvent, updates: list[Site],
+             jumps: dict[int, Site]) -> Hit | None:
     """The hit when ``ev`` closes the region where ``p`` had to be followed by ``key.update()``."""
     jump = p.jump
     if ev.kind == END:
         if isinstance(jump, ast.Return):
             return _jump_hit(key, p, jump)
-        return _branch_hit(key, p, updates)
+        return _branch_hit(ctx, scope, key, p, updates)
     loop = ev.event.node
     if not p.site.inside(loop) or not any(u.inside(loop) for u in updates):
         return None
     wanted = ast.Continue if ev.kind == ITER else ast.Break
     if isinstance(jump, wanted) and jumps[id(jump)].innermost_loop() is loop:
         return _jump_hit(key, p, jump)
-    return _branch_hit(key, p, updates) if ev.kind == ITER else None
+    return _branch_hit(ctx, scope, key, p, updates) if ev.kind == ITER else None
 
 
 def _jump_hit(key: str, p: _Pending, jump: ast.stmt) -> Hit:
@@ -235,14 +236,19 @@ def _jump_hit(key: str, p: _Pending, jump: ast.stmt) -> Hit:
                   f"raises and the scale stops adapting; call {key}.update() on this path too")
 
 
-def _branch_hit(key: str, p: _Pending, updates: list[Site]) -> Hit | None:
-    # The branch that left update() out: the last one whose other side holds it.
+def _branch_hit(ctx: FileContext, scope: Scope, key: str, p: _Pending, updates: list[Site]) -> Hit | None:
+    # The branch that left update() out: the last one whose other side holds it.  An accumulation
+    # boundary is AMP103's: there the unscale_()/update() outside it is the mistake, not the branch.
     for ev in reversed(p.branches):
         if ev.event.forced:
             continue
         branch = ev.event.node
+        assert isinstance(branch, ast.If)
         other = "orelse" if ev.event.taken else "body"
-        if any(u.inside(branch, other) for u in updates):
+        held = [u for u in updates if u.inside(branch, other)]
+        if held and is_boundary_test(ctx, scope, branch.test, held[0].loops()):
+            return None
+        if held:
             side = "true" if ev.event.taken else "false"
             return branch, (f"when this test is {side}, {key}.update() does not run after {key}.{p.kind}(): the "
                             f"next {key}.unscale_()/step() raises and the scale stops adapting; call "
