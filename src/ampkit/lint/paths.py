@@ -143,7 +143,7 @@ class _Paths:
         for stmt in stmts:
             if not states:
                 break
-            if id(stmt) not in self.relevant and type(stmt) is not ast.Raise:
+            if id(stmt) not in self.relevant:
                 continue
             out = self.stmt(stmt, states)
             states = out.pop("next")
@@ -215,7 +215,7 @@ class _Paths:
             out["next"] = rest.pop("next")
             self.merge(out, rest)
         for handler in stmt.handlers:  # type: ignore[attr-defined]
-            if any(id(s) in self.relevant or type(s) is ast.Raise for s in handler.body):
+            if any(id(s) in self.relevant for s in handler.body):
                 self.merge(out, self.block(handler.body, states))
         final = stmt.finalbody  # type: ignore[attr-defined]
         if not final:

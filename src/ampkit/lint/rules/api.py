@@ -97,7 +97,10 @@ def _is_version_test(test: ast.expr) -> bool:
         if text is None:
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
                 continue
-            text = "version" if node.func.id == "hasattr" else ""  # feature detection counts too
+            # Feature detection on torch counts too (hasattr(torch.amp, "GradScaler")); hasattr on
+            # anything else (hasattr(self, "x")) says nothing about the installed release.
+            target = expr_key(node.args[0]) if node.func.id == "hasattr" and node.args else None
+            text = "version" if target is not None and target.partition(".")[0] == "torch" else ""
         if _VERSION_WORDS.search(text):
             return True
     return False
