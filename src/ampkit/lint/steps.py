@@ -18,6 +18,7 @@ A mode switch (``if accum > 1:``, ``if use_amp:``) has none of these shapes and 
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ampkit.lint.astutil import const_str, expr_key, last_name
@@ -113,7 +114,7 @@ def step_events(ctx: FileContext, scope: Scope, path: Path) -> list[StepEvent]:
     return out
 
 
-def is_boundary_test(ctx: FileContext, scope: Scope, test: ast.expr, loops: list[ast.AST], depth: int = 0) -> bool:
+def is_boundary_test(ctx: FileContext, scope: Scope, test: ast.expr, loops: Sequence[ast.AST], depth: int = 0) -> bool:
     """True when ``test`` is an accumulation boundary (see the module docstring); ``loops``: the
     loops around the ``if``, outermost first, whose counters the test may compare."""
     if depth > 3:
@@ -133,7 +134,7 @@ def is_boundary_test(ctx: FileContext, scope: Scope, test: ast.expr, loops: list
     return False
 
 
-def _derived(ctx: FileContext, scope: Scope, node: ast.expr, loops: list[ast.AST], depth: int) -> bool:
+def _derived(ctx: FileContext, scope: Scope, node: ast.expr, loops: Sequence[ast.AST], depth: int) -> bool:
     key = expr_key(node)
     values = ctx.lookup(key, scope) if key else None
     return bool(values) and all(  # type: ignore[union-attr]
@@ -154,7 +155,7 @@ def _returns_boundary(ctx: FileContext, call: ast.Call, depth: int) -> bool:
     return False
 
 
-def _counters(loops: list[ast.AST]) -> set[str]:
+def _counters(loops: Sequence[ast.AST]) -> set[str]:
     """Names counting the iterations of the given loops: ``for i in range(n)``, ``for i, b in enumerate(x)``."""
     names: set[str] = set()
     for loop in loops:
