@@ -113,3 +113,32 @@ def test_scaler_break_after_step_skips_the_update_of_that_loop() -> None:
         "            break\n"
         "        scaler.update()\n"
     ) == [(7, "AMP116")]
+
+
+def test_scaler_unscale_written_between_on_another_branch_is_not_judged() -> None:
+    assert hits(
+        "import torch\n"
+        "def train(model, optimizer, loader, scaler, args):\n"
+        "    for x in loader:\n"
+        "        scaler.scale(model(x)).backward()\n"
+        "        if args.amp:\n"
+        "            scaler.unscale_(optimizer)\n"
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "        scaler.step(optimizer)\n"
+        "        scaler.update()\n"
+    ) == []
+
+
+def test_scaler_update_skipped_by_a_test_other_than_the_one_guarding_unscale_is_not_judged() -> None:
+    assert hits(
+        "import torch\n"
+        "def step(self, loss, opt):\n"
+        "    self.scaler.scale(loss).backward()\n"
+        "    if self.scaler.is_enabled():\n"
+        "        self.scaler.unscale_(opt)\n"
+        "    if self.use_amp:\n"
+        "        self.scaler.step(opt)\n"
+        "        self.scaler.update()\n"
+        "    else:\n"
+        "        opt.step()\n"
+    ) == []

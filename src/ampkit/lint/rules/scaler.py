@@ -51,16 +51,25 @@ def _paths(ctx: FileContext, scope: Scope) -> Iterator[list[StepEvent]]:
 def amp102(ctx: FileContext) -> Iterator[Hit]:
     reported: set[int] = set()
     for scope in _training_scopes(ctx, ()):
+        unscales = [site for site in scope.calls if isinstance(f := site.node.func, ast.Attribute)  # type: ignore[attr-defined]
+                    and f.attr == "unscale_"]
         for events in _paths(ctx, scope):
-            scaled: list[str] = []  # keys whose gradients are still scaled, most recent last
+            scaled: dict[str, Site] = {}  # key -> its backward, for gradients still scaled (in order)
             for ev in events:
                 if ev.kind == "backward" and ev.key:
-                    scaled = [k for k in scaled if k != ev.key] + [ev.key]
+                    scaled.pop(ev.key, None)
+                    scaled[ev.key] = ev.event.site  # type: ignore[assignment]
                 elif ev.kind in ("unscale_", "update") and ev.key in scaled:
-                    scaled.remove(ev.key)
+                    del scaled[ev.key]  # type: ignore[arg-type]
                 elif ev.kind == "clip" and scaled and id(ev.event.node) not in reported:
+                    key, backward = list(scaled.items())[-1]
+                    clip = ev.event.site
+                    assert clip is not None
+                    # An unscale_ written between them but on another branch (`if args.amp:` while the
+                    # scaled backward is unconditional) may be correlated in ways the model cannot see.
+                    if any(backward.pos < u.pos < clip.pos for u in unscales):
+                        continue
                     reported.add(id(ev.event.node))
-                    key = scaled[-1]
                     yield ev.event.node, (f"gradients are clipped while still multiplied by the loss scale (after "
                                           f"{key}.scale(...).backward()); call {key}.unscale_(optimizer) before "
                                           "clipping")
@@ -236,6 +245,11 @@ def _jump_hit(key: str, p: _Pending, jump: ast.stmt) -> Hit:
                   f"raises and the scale stops adapting; call {key}.update() on this path too")
 
 
+def _within(branch: ast.If, outer: ast.AST) -> bool:
+    """True when ``branch`` is ``outer`` or nested inside it."""
+    return branch is outer or any(node is branch for node in ast.walk(outer))
+
+
 def _branch_hit(ctx: FileContext, scope: Scope, key: str, p: _Pending, updates: list[Site]) -> Hit | None:
     # The branch that left update() out: the last one whose other side holds it.  An accumulation
     # boundary is AMP103's: there the unscale_()/update() outside it is the mistake, not the branch.
@@ -248,6 +262,8 @@ def _branch_hit(ctx: FileContext, scope: Scope, key: str, p: _Pending, updates: 
         held = [u for u in updates if u.inside(branch, other)]
         if held and is_boundary_test(ctx, scope, branch.test, held[0].loops()):
             return None
+        if held and any(isinstance(f[0], ast.If) and not _within(branch, f[0]) for f in p.site.frames):
+            return None  # unscale_/step under another test: the two tests may be correlated
         if held:
             side = "true" if ev.event.taken else "false"
             return branch, (f"when this test is {side}, {key}.update() does not run after {key}.{p.kind}(): the "
