@@ -54,6 +54,9 @@ class Autocast:
     """``fp16`` / ``bf16`` / ``fp32``, or None when it cannot be decided."""
     enabled: bool | None
     """False only for a literal ``enabled=False``; None when decided at run time."""
+    may_be_fp16: bool = False
+    """The dtype is not given and the device may be CUDA (``device.type``, ``str(device)``, a name
+    bound to ``"cuda"`` on some path): the region runs in fp16 on a GPU."""
 
 
 class FileContext:
@@ -63,6 +66,8 @@ class FileContext:
         self.path = path
         self.source = source
         self.tree = tree
+        self.memo: dict[str, dict[int, object]] = {}
+        """Per-file caches of the modules above this one (``steps``: the paths of each scope)."""
 
     # -- structure -----------------------------------------------------------------------------
     @cached_property
@@ -183,22 +188,70 @@ class FileContext:
             return Autocast(call, None, None, const_bool(call_arg(call, None, "enabled")))
         else:
             return None
+        devices = {device} if device else set()
+        if name in AUTOCAST and device is None:
+            devices = self.devices_of(call_arg(call, 0, "device_type"), scope)
+            device = next(iter(devices)) if len(devices) == 1 and "?" not in devices else None
         if dtype_node is None:
             dtype = DEFAULT_AUTOCAST_DTYPE.get(device) if device else None
         else:
             dtype = self.dtype_of(dtype_node, scope)
         enabled = True if enabled_node is None else const_bool(enabled_node)
-        return Autocast(call, device, dtype, enabled)
+        may_be_fp16 = dtype_node is None and bool(devices & {"cuda", "?"})
+        return Autocast(call, device, dtype, enabled, may_be_fp16 or dtype == "fp16")
+
+    def devices_of(self, node: ast.AST | None, scope: Scope, depth: int = 0) -> set[str]:
+        """The device types ``node`` may name: literals, names bound to them (on any path), and
+        ``"?"`` for a device read at run time (``device.type``, ``str(device)``, ``x.device.type``),
+        which may be CUDA.  Empty when nothing can be said (a parameter, a call)."""
+        if node is None or depth > 3:
+            return set()
+        text = const_str(node)
+        if text is not None:
+            return {text.partition(":")[0]}
+        if isinstance(node, ast.IfExp):
+            return self.devices_of(node.body, scope, depth + 1) | self.devices_of(node.orelse, scope, depth + 1)
+        if isinstance(node, ast.Attribute) and node.attr == "type":
+            bound = self.value_of(node.value, scope)
+            if isinstance(bound, ast.Call) and last_name(bound.func) == "device":
+                found = self.devices_of(call_arg(bound, 0, "type"), scope, depth + 1)
+                return found or {"?"}
+            return {"?"}
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" \
+                and len(node.args) == 1:
+            return {"?"}
+        if isinstance(node, ast.Name):
+            values = self.lookup(node.id, scope) or []
+            if values and all(v is not None for v in values):
+                found = set()
+                for value in values:
+                    one = self.devices_of(value, scope, depth + 1)
+                    if not one:
+                        return set()
+                    found |= one
+                return found
+        return set()
 
     def autocast_items(self, scope: Scope) -> Iterator[tuple[Site, Autocast]]:
         """Each autocast call a ``with`` statement of ``scope`` enters, ``enabled=False`` ones included."""
         for site in scope.withs:
             for item in site.node.items:  # type: ignore[attr-defined]
-                expr = item.context_expr
-                if isinstance(expr, ast.Call):
-                    info = self.autocast_info(expr, scope)
+                call = self.autocast_object(item.context_expr, scope)
+                if call is not None:
+                    info = self.autocast_info(call, scope)
                     if info is not None:
                         yield site, info
+
+    def autocast_object(self, expr: ast.expr, scope: Scope) -> ast.Call | None:
+        """The call a ``with`` item enters: the item itself, or the one autocast object a name or
+        ``self.`` attribute is bound to (``self.ctx = torch.autocast(...)`` in ``__init__``,
+        ``with self.ctx:`` in another method; ``nullcontext() if cpu else torch.autocast(...)``)."""
+        if isinstance(expr, ast.Call):
+            return expr
+        bound = self.value_of(expr, scope) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+        choices = [bound.body, bound.orelse] if isinstance(bound, ast.IfExp) else [bound]
+        found = [c for c in choices if isinstance(c, ast.Call) and last_name(c.func) == "autocast"]
+        return found[0] if len(found) == 1 else None
 
     def autocast_withs(self, scope: Scope) -> list[tuple[Site, Autocast]]:
         """The ``with`` statements of ``scope`` that open an autocast region (not ``enabled=False``)."""

@@ -7,7 +7,7 @@ in source order:
   "is this inside a loop / an ``if`` / a ``with`` / a ``finally``, and which one";
 - every simple binding ``name = value`` / ``self.attr = value`` (flow tracking is "follow a name
   to the one value it is bound to in its scope"; a name bound twice is unknown);
-- assignments, ``continue`` / ``break`` / ``return`` and ``with`` statements;
+- assignments, ``continue`` / ``break`` / ``return`` / ``raise`` and ``with`` statements;
 - the file's imports (module level and function level), for qualified-name resolution.
 
 This is deliberately not a control-flow graph: the rules need "same block, later statement",
@@ -162,7 +162,7 @@ class _Walker:
             if kind is ast.AnnAssign and stmt.value is not None:  # type: ignore[attr-defined]
                 self.bind_target(stmt.target, stmt.value, scope)  # type: ignore[attr-defined]
             scope.assigns.append(Site(stmt, stmt, index, frames))
-        elif kind in (ast.Continue, ast.Break, ast.Return):
+        elif kind in (ast.Continue, ast.Break, ast.Return, ast.Raise):
             self.exprs(stmt, stmt, index, scope, frames)
             scope.jumps.append(Site(stmt, stmt, index, frames))
         elif kind in _FUNCS:

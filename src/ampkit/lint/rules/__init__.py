@@ -23,10 +23,11 @@
 from __future__ import annotations
 
 from ampkit.lint.core import Rule
-from ampkit.lint.rules import api, numerics, scaler, training
+from ampkit.lint.rules import api, checkpoint, numerics, precision, scaler, training
 
 __all__ = ["RULES", "RULES_BY_CODE"]
 
-RULES: tuple[Rule, ...] = tuple(sorted((*api.RULES, *scaler.RULES, *numerics.RULES, *training.RULES),
+RULES: tuple[Rule, ...] = tuple(sorted((*api.RULES, *scaler.RULES, *checkpoint.RULES, *precision.RULES,
+                                        *numerics.RULES, *training.RULES),
                                        key=lambda r: r.code))
 RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}

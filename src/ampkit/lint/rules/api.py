@@ -97,7 +97,10 @@ def _is_version_test(test: ast.expr) -> bool:
         if text is None:
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
                 continue
-            text = "version" if node.func.id == "hasattr" else ""  # feature detection counts too
+            # Feature detection on torch counts too (hasattr(torch.amp, "GradScaler")); hasattr on
+            # anything else (hasattr(self, "x")) says nothing about the installed release.
+            target = expr_key(node.args[0]) if node.func.id == "hasattr" and node.args else None
+            text = "version" if target is not None and target.partition(".")[0] == "torch" else ""
         if _VERSION_WORDS.search(text):
             return True
     return False
@@ -179,7 +182,8 @@ def amp110(ctx: FileContext) -> Iterator[Hit]:
     for _, site in ctx.calls():
         call = site.node
         assert isinstance(call, ast.Call)
-        if not call.args and not call.keywords and ctx.qualname(call.func) == "torch.is_autocast_enabled":
+        if not call.args and not call.keywords and ctx.qualname(call.func) == "torch.is_autocast_enabled" \
+                and not _compat_branch(ctx, call):  # before torch 2.4 there was no device argument
             yield call, ("torch.is_autocast_enabled() without a device answers for CUDA only (False "
                          "under CPU/XPU/MPS autocast); pass the device: torch.is_autocast_enabled(x.device.type)")
 

@@ -1,385 +1,276 @@
-"""Loss-scaler rules: the order and alignment of scale → backward → unscale_ → clip → step →
-update, the scaler in checkpoints, and a scaler where none is needed (bf16) or none where one is
-(fp16)."""
+"""Loss-scaler order rules, judged on the paths of each function (``ampkit.lint.paths``):
+scale → backward → unscale_ → clip → step → update, aligned with the accumulation boundary, with
+the scheduler stepped only when the optimizer was, and no path that leaves ``update()`` out.
+
+Each rule reports what happens on *some* path of the function, so exclusive branches (``if
+use_amp: ... else: ...``) are never sequenced and a branch re-tested later follows the side it
+took the first time."""
 
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from ampkit.lint.astutil import call_arg, const_str, expr_key, last_name, source_pos
-from ampkit.lint.context import FileContext, scaled_receiver
+from ampkit.lint.astutil import expr_key
+from ampkit.lint.context import FileContext
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.flow import Scope, Site
+from ampkit.lint.paths import BRANCH, END, EXIT, ITER, JUMP, LOOP
+from ampkit.lint.steps import (
+    SCALER_TOKENS,
+    StepEvent,
+    is_boundary_test,
+    scaled_backward_keys,
+    step_events,
+    step_paths,
+)
 
 __all__ = ["RULES"]
 
-_SCALER_METHODS = frozenset({"unscale_", "step", "update"})
-# A file with none of these holds no GradScaler a rule could follow.
-_SCALER_TOKENS = ("GradScaler", "unscale_", ".scale(")
 
 
-def _events(ctx: FileContext, scope: Scope) -> dict[tuple[str, str], list[Site]]:
-    """(kind, scaler key) -> sites, kind in backward (scaled) / unscale_ / step / update."""
-    events: dict[tuple[str, str], list[Site]] = defaultdict(list)
-    for site in scope.calls:
-        func = site.node.func  # type: ignore[attr-defined]
-        if not isinstance(func, ast.Attribute):
+def _training_scopes(ctx: FileContext, methods: tuple[str, ...]) -> Iterator[Scope]:
+    """Function (and module) scopes that call one of ``methods`` on something, or a scaled backward."""
+    for scope in ctx.scopes:
+        if isinstance(scope.node, ast.ClassDef):
             continue
-        if func.attr == "backward":
-            receiver = func.value
-            if isinstance(receiver, ast.Name):  # scaled = scaler.scale(loss); scaled.backward()
-                receiver = ctx.value_of(receiver, scope) or receiver
-            key = scaled_receiver(receiver)
-            if key:
-                events["backward", key].append(site)
-        elif func.attr in _SCALER_METHODS:
-            key = expr_key(func.value)
-            if key:
-                events[func.attr, key].append(site)
-    return events
+        if any(isinstance(f := site.node.func, ast.Attribute) and f.attr in methods  # type: ignore[attr-defined]
+               for site in scope.calls) or scaled_backward_keys(ctx, scope):
+            yield scope
 
 
-_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grads_with_norm_"})
-
-
-def _is_clip(ctx: FileContext, call: ast.Call) -> bool:
-    if last_name(call.func) not in _CLIPS:
-        return False
-    # Accelerate's / Lightning's own clip methods unscale first; only torch's functions are judged.
-    name = ctx.qualname(call.func)
-    return name is not None and name.startswith("torch.nn.utils.")
+def _paths(ctx: FileContext, scope: Scope) -> Iterator[list[StepEvent]]:
+    for path in step_paths(ctx, scope):
+        yield step_events(ctx, scope, path)
 
 
 @rule(code="AMP102", name="clip-before-unscale",
-      summary="gradient clipping after scaler.scale(loss).backward() with no scaler.unscale_ before it",
+      summary="gradient clipping on a path after scaler.scale(loss).backward() with no scaler.unscale_ before it",
       needs=(("clip_grad",), ("scale(",)))
 def amp102(ctx: FileContext) -> Iterator[Hit]:
-    for scope in ctx.scopes:
-        events = _events(ctx, scope)
-        backwards = [(site, key) for (kind, key), sites in events.items() if kind == "backward"
-                     for site in sites]
-        if not backwards:
-            continue
-        for site in scope.calls:
-            if not _is_clip(ctx, site.node):  # type: ignore[arg-type]
-                continue
-            before = [(b, key) for b, key in backwards if b.pos < site.pos]
-            if not before:
-                continue
-            last, key = max(before, key=lambda pair: pair[0].pos)
-            if any(last.pos < u.pos < site.pos for u in events.get(("unscale_", key), ())):
-                continue
-            yield site.node, (f"gradients are clipped while still multiplied by the loss scale (after "
-                              f"{key}.scale(...).backward()); call {key}.unscale_(optimizer) before clipping")
+    reported: set[int] = set()
+    for scope in _training_scopes(ctx, ()):
+        unscales = [site for site in scope.calls if isinstance(f := site.node.func, ast.Attribute)  # type: ignore[attr-defined]
+                    and f.attr == "unscale_"]
+        for events in _paths(ctx, scope):
+            scaled: dict[str, Site] = {}  # key -> its backward, for gradients still scaled (in order)
+            for ev in events:
+                if ev.kind == "backward" and ev.key:
+                    scaled.pop(ev.key, None)
+                    scaled[ev.key] = ev.event.site  # type: ignore[assignment]
+                elif ev.kind in ("unscale_", "update") and ev.key in scaled:
+                    del scaled[ev.key]  # type: ignore[arg-type]
+                elif ev.kind == "clip" and scaled and id(ev.event.node) not in reported:
+                    key, backward = list(scaled.items())[-1]
+                    clip = ev.event.site
+                    assert clip is not None
+                    # An unscale_ written between them but on another branch (`if args.amp:` while the
+                    # scaled backward is unconditional) may be correlated in ways the model cannot see.
+                    if any(backward.pos < u.pos < clip.pos for u in unscales):
+                        continue
+                    reported.add(id(ev.event.node))
+                    yield ev.event.node, (f"gradients are clipped while still multiplied by the loss scale (after "
+                                          f"{key}.scale(...).backward()); call {key}.unscale_(optimizer) before "
+                                          "clipping")
 
 
-_BOUNDARY_WORDS = ("accum", "boundary", "sync_grad", "micro", "grad_acc")
+def _iterations(events: list[StepEvent]) -> Iterator[tuple[ast.AST, list[StepEvent], int]]:
+    """(loop, the events of its iteration on this path, index of the loop's EXIT) per loop left."""
+    opened: list[tuple[ast.AST, int]] = []
+    for i, ev in enumerate(events):
+        if ev.kind == LOOP:
+            opened.append((ev.event.node, i))
+        elif ev.kind == EXIT and opened and opened[-1][0] is ev.event.node:
+            loop, start = opened.pop()
+            yield loop, events[start + 1:i], i
 
 
-def _is_boundary_test(test: ast.expr) -> bool:
-    """An ``if`` test that reads like an accumulation boundary: ``(i + 1) % k == 0``, ``sync_gradients``."""
-    for node in ast.walk(test):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
-            return True
-        name = last_name(node)
-        if name and any(word in name.lower() for word in _BOUNDARY_WORDS):
-            return True
-    return False
-
-
-def _boundary_ifs(site: Site, loop: ast.AST) -> list[ast.If]:
-    return [stmt for stmt, _ in site.frames_below(loop)
-            if isinstance(stmt, ast.If) and _is_boundary_test(stmt.test)]
+def _loop_steps(ctx: FileContext, scope: Scope, loop: ast.AST, key: str) -> bool:
+    """True when ``key.step(...)`` is written inside ``loop``."""
+    return any(site.inside(loop) and isinstance(f := site.node.func, ast.Attribute)  # type: ignore[attr-defined]
+               and f.attr == "step" and expr_key(f.value) == key for site in scope.calls)
 
 
 @rule(code="AMP103", name="scaler-off-accumulation-boundary",
-      summary="scaler.update() / unscale_() / step() not aligned with the gradient-accumulation boundary",
+      summary="scaler.update() / unscale_() on micro-batches where scaler.step() does not run",
       needs=(("scale(",), ("backward",), ("update(", "unscale_(")))
 def amp103(ctx: FileContext) -> Iterator[Hit]:
-    for scope in ctx.scopes:
-        events = _events(ctx, scope)
-        reported: set[int] = set()
-        for (kind, key), backwards in events.items():
-            if kind != "backward":
-                continue
-            steps = events.get(("step", key), [])
-            others = [*events.get(("update", key), ()), *events.get(("unscale_", key), ())]
-            for backward in backwards:
-                loop = backward.innermost_loop()
-                if loop is None:
-                    continue
-                yield from _micro_loop(key, loop, steps, others, reported)
-                yield from _boundary_if(key, backward, loop, steps, others, reported)
-
-
-def _micro_loop(key: str, loop: ast.AST, steps: list[Site], others: list[Site],
-                reported: set[int]) -> Iterator[Hit]:
-    # The optimizer steps after the micro-batch loop, yet update/unscale_ run inside it.
-    if any(s.inside(loop) for s in steps):
-        return
-    loop_pos = source_pos(loop)
-    if not any(s.pos > loop_pos for s in steps):
-        return
-    for site in others:
-        if site.inside(loop) and id(site.node) not in reported:
-            reported.add(id(site.node))
-            method = site.node.func.attr  # type: ignore[attr-defined]
-            yield site.node, (f"{key}.{method}() runs every micro-batch, but {key}.step() runs after the "
-                              f"accumulation loop; call it once per optimizer step, next to {key}.step()")
-
-
-def _boundary_if(key: str, backward: Site, loop: ast.AST, steps: list[Site], others: list[Site],
-                 reported: set[int]) -> Iterator[Hit]:
-    # scaler.step() sits under an accumulation-boundary `if` inside the loop, update/unscale_ do not.
-    guarded = [s for s in steps if s.inside(loop) and
-               any(not backward.inside(branch) for branch in _boundary_ifs(s, loop))]
-    if not guarded:
-        return
-    for site in others:
-        if not site.inside(loop) or _boundary_ifs(site, loop) or id(site.node) in reported:
-            continue
-        reported.add(id(site.node))
-        method = site.node.func.attr  # type: ignore[attr-defined]
-        yield site.node, (f"{key}.{method}() runs on every micro-batch while {key}.step() runs only at the "
-                          "accumulation boundary; move it under the same boundary condition")
-
-
-def _visible_scalers(ctx: FileContext, scope: Scope) -> set[str]:
-    keys: set[str] = set()
-    current: Scope | None = scope
-    while current is not None:
-        if current is scope or not isinstance(current.node, ast.ClassDef):
-            for key, values in current.bindings.items():
-                for value in values:
-                    call = ctx.scaler_call(value)
-                    if call is not None and ctx.scaler_enabled(call) is not False:
-                        keys.add(key)
-        current = current.parent
-    if scope.cls is not None:
-        for other in ctx.scopes:
-            if other.cls is scope.cls:
-                for key, values in other.bindings.items():
-                    if key.startswith("self.") and any(ctx.scaler_call(v) is not None for v in values):
-                        keys.add(key)
-        keys.update(k for k in ctx.scaler_usage_keys if k.startswith("self."))
-    keys.update(key for (kind, key) in _events(ctx, scope) if kind == "backward")
-    return keys
-
-
-def _dict_entries(ctx: FileContext, scope: Scope, obj: ast.expr,
-                  save: ast.Call) -> list[tuple[str | None, ast.expr]] | None:
-    """(key, value) pairs of the saved dict, or None when its content cannot be known."""
-    if isinstance(obj, ast.Dict):
-        return [(const_str(k) if k is not None else None, v) for k, v in zip(obj.keys, obj.values)]
-    if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Name) and obj.func.id == "dict" and not obj.args:
-        return [(kw.arg, kw.value) for kw in obj.keywords]
-    if not isinstance(obj, ast.Name):
-        return None
-    # The binding in force at the save: the last one before it in source order.
-    save_pos = source_pos(save)
-    values = scope.bindings.get(obj.id, [])
-    before = [v for v in values if v is not None and source_pos(v) < save_pos]
-    if not before or len(before) < sum(1 for v in values if v is None or source_pos(v) < save_pos):
-        return None  # unknown bindings (parameters, loop targets) may be the one in force
-    bound = max(before, key=source_pos)
-    entries = _dict_entries(ctx, scope, bound, save)
-    if entries is None:
-        return None
-    window = (source_pos(bound), save_pos)
-    for site in scope.assigns:  # ckpt["scaler"] = scaler.state_dict()
-        stmt = site.node
-        if isinstance(stmt, ast.Assign) and window[0] < site.pos < window[1]:
-            for target in stmt.targets:
-                if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                        and target.value.id == obj.id):
-                    entries.append((const_str(target.slice), stmt.value))
-    for site in scope.calls:  # ckpt.update(...), helper(ckpt): the dict escapes, cannot decide
-        call = site.node
-        if call is save or not window[0] < site.pos < window[1]:
-            continue
-        assert isinstance(call, ast.Call)
-        func = call.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == obj.id:
-            return None
-        if any(isinstance(a, ast.Name) and a.id == obj.id for a in (*call.args, *(k.value for k in call.keywords))):
-            return None
-    return entries
-
-
-@rule(code="AMP104", name="checkpoint-without-scaler",
-      summary="checkpoint saved with model/optimizer state but without the scaler state while a scaler exists",
-      needs=(("save(",), ("state_dict",), _SCALER_TOKENS))
-def amp104(ctx: FileContext) -> Iterator[Hit]:
-    for scope in ctx.scopes:
-        for site in scope.calls:
-            call = site.node
-            assert isinstance(call, ast.Call)
-            if ctx.qualname(call.func) != "torch.save":
-                continue
-            obj = call_arg(call, 0, "obj")
-            if obj is None:
-                continue
-            entries = _dict_entries(ctx, scope, obj, call)
-            if not entries or any(k is None for k, _ in entries):
-                continue
-            if not any(_has_state_dict(v) for _, v in entries):
-                continue
-            scalers = _visible_scalers(ctx, scope)
-            if not scalers:
-                continue
-            if any(_mentions_scaler(k, v, scalers) for k, v in entries):
-                continue
-            name = sorted(scalers)[0]
-            yield call, (f"checkpoint has model/optimizer state but not the loss-scaler state; a resumed run "
-                         f"restarts at the initial scale and skips steps finding it again; save "
-                         f"'scaler': {name}.state_dict() and load it on resume")
-
-
-def _has_state_dict(value: ast.expr) -> bool:
-    return any(isinstance(n, ast.Call) and last_name(n.func) == "state_dict" for n in ast.walk(value))
-
-
-def _mentions_scaler(key: str | None, value: ast.expr, scalers: set[str]) -> bool:
-    if key is not None and ("scal" in key.lower() or "amp" in key.lower()):
-        return True
-    for node in ast.walk(value):
-        node_key = expr_key(node)
-        if node_key is not None and (node_key in scalers or "scaler" in node_key.rpartition(".")[2].lower()):
-            return True
-    return False
-
-
-@rule(code="AMP111", name="scaler-with-bf16",
-      summary="GradScaler used together with bf16 autocast",
-      needs=(("GradScaler",), ("autocast",)))
-def amp111(ctx: FileContext) -> Iterator[Hit]:
     reported: set[int] = set()
-    for scope in ctx.scopes:
-        regions = ctx.autocast_withs(scope)
-        if not regions or any(info.dtype != "bf16" for _, info in regions):
-            continue  # no autocast, or an fp16 / undecidable one that does need the scaler
-        keys = {key for (kind, key) in _events(ctx, scope) if kind == "backward"}
-        for site in scope.calls:
-            key = scaled_receiver(site.node)
-            if key:
-                keys.add(key)
-        for key in sorted(keys):
-            construction = ctx.scaler_construction(key, scope)
-            if construction is None or ctx.scaler_enabled(construction) is not True:
-                continue
-            if id(construction) in reported:
-                continue
-            reported.add(id(construction))
-            yield construction, ("GradScaler with bfloat16 autocast: bf16 has float32's exponent range and "
-                                 "needs no loss scaling; the scaler only adds skipped steps and host syncs; "
-                                 "drop it (or enable it only for float16)")
+    for scope in _training_scopes(ctx, ("unscale_", "update")):
+        for events in _paths(ctx, scope):
+            for loop, iteration, exit_at in _iterations(events):
+                for hit in _off_boundary(ctx, scope, loop, iteration, events[exit_at:]):
+                    if id(hit[0]) not in reported:
+                        reported.add(id(hit[0]))
+                        yield hit
 
 
-_SCALING_TOKENS = (b"Scaler", b"scaler", b".scale(", b"loss_scale", b"MixedPrecision")
-
-
-@rule(code="AMP112", name="fp16-without-loss-scaling",
-      summary="float16 autocast in a training loop (backward present) with no loss scaling",
-      needs=(("autocast",), ("backward",)))
-def amp112(ctx: FileContext) -> Iterator[Hit]:
-    if any(token in ctx.source for token in _SCALING_TOKENS):
-        return  # some loss scaling exists somewhere: cannot tell which path uses it
-    for scope in ctx.scopes:
-        regions = [(site, info) for site, info in ctx.autocast_withs(scope) if info.dtype == "fp16"]
-        if not regions:
+def _off_boundary(ctx: FileContext, scope: Scope, loop: ast.AST, iteration: list[StepEvent],
+                  after: list[StepEvent]) -> Iterator[Hit]:
+    keys = {ev.key for ev in iteration if ev.kind == "backward" and ev.key}
+    for key in sorted(keys):
+        if any(ev.kind == "step" and ev.key == key for ev in iteration):
             continue
-        backwards = [site for site in scope.calls if _plain_backward(ctx, site.node)]  # type: ignore[arg-type]
-        for region, info in regions:
-            loop = region.innermost_loop()
-            if any(b.pos > region.pos and (loop is None or b.inside(loop)) for b in backwards):
-                yield info.call, ("float16 autocast with a plain .backward() and no loss scaling: small "
-                                  "gradients underflow to zero in float16; scale the loss with "
-                                  "torch.amp.GradScaler (or train in bfloat16)")
+        others = [ev for ev in iteration if ev.kind in ("unscale_", "update") and ev.key == key]
+        if not others:
+            continue
+        if _loop_steps(ctx, scope, loop, key):
+            # The step is in this loop, but this iteration passed an accumulation boundary without it.
+            loops = [loop]
+            if not any(ev.kind == BRANCH and is_boundary_test(ctx, scope, ev.event.node.test, loops)  # type: ignore[attr-defined]
+                       for ev in iteration):
+                continue
+            for ev in others:
+                method = ev.kind
+                yield ev.event.node, (f"{key}.{method}() runs on every micro-batch while {key}.step() runs only "
+                                      "at the accumulation boundary; move it under the same boundary condition")
+        elif any(ev.kind == "step" and ev.key == key for ev in after):
+            for ev in others:
+                yield ev.event.node, (f"{key}.{ev.kind}() runs every micro-batch, but {key}.step() runs after the "
+                                      f"accumulation loop; call it once per optimizer step, next to {key}.step()")
 
 
-def _plain_backward(ctx: FileContext, call: ast.Call) -> bool:
-    func = call.func
-    if isinstance(func, ast.Attribute) and func.attr == "backward":
-        # x.backward(loss) is a framework's scaled backward (accelerate, deepspeed); (loss * s).backward()
-        # is manual scaling.
-        return not call.args and not isinstance(func.value, ast.BinOp) and scaled_receiver(func.value) is None
-    return ctx.qualname(func) == "torch.autograd.backward"
+def _scheduler_guard(ctx: FileContext, scope: Scope, test: ast.expr) -> bool:
+    """False for a test that only asks whether the scheduler exists (``if scheduler is not None:``)."""
+    names = [node for node in ast.walk(test) if isinstance(node, (ast.Name, ast.Attribute, ast.Call))]
+    keys = [expr_key(n) for n in names if not isinstance(n, ast.Call)]
+    return any(isinstance(n, ast.Call) for n in names) or not any(ctx.is_scheduler(k, scope) for k in keys if k)
 
 
 @rule(code="AMP115", name="scheduler-steps-on-skipped-step",
-      summary="lr_scheduler.step() called unconditionally right after scaler.step()",
-      needs=(("step(",), ("sched", "LR("), _SCALER_TOKENS))
+      summary="lr_scheduler.step() on a path after scaler.step() with no check that the step was applied",
+      needs=(("step(",), ("sched", "LR("), SCALER_TOKENS))
 def amp115(ctx: FileContext) -> Iterator[Hit]:
-    for scope in ctx.scopes:
-        for site in scope.calls:
-            func = site.node.func  # type: ignore[attr-defined]
-            if not (isinstance(func, ast.Attribute) and func.attr == "step"):
-                continue
-            key = expr_key(func.value)
-            if not ctx.is_scaler(key, scope):
-                continue
-            for later in scope.calls:
-                if later.frames is not site.frames or later.index <= site.index:
-                    continue
-                call = later.node
-                assert isinstance(call, ast.Call)
-                if not (isinstance(later.stmt, ast.Expr) and later.stmt.value is call):
-                    continue
-                lfunc = call.func
-                if (isinstance(lfunc, ast.Attribute) and lfunc.attr == "step" and not call.args
-                        and ctx.is_scheduler(expr_key(lfunc.value), scope)):
-                    yield call, (f"the learning-rate schedule advances even when {key}.step() skipped the "
-                                 "optimizer step (inf/NaN gradients); step the scheduler only when the "
-                                 f"step was applied (e.g. if {key}.get_scale() >= scale_before_update)")
+    reported: set[int] = set()
+    for scope in _training_scopes(ctx, ("step",)):
+        for events in _paths(ctx, scope):
+            armed: str | None = None  # the scaler stepped, with no test of the outcome since
+            for ev in events:
+                if ev.kind == "step" and ctx.is_scaler(ev.key, scope):
+                    armed = ev.key
+                elif ev.kind in (ITER, EXIT) or (ev.kind == BRANCH and not ev.event.forced and _scheduler_guard(
+                        ctx, scope, ev.event.node.test)):  # type: ignore[attr-defined]
+                    armed = None
+                elif ev.kind == "step" and armed and _plain_scheduler_step(ctx, scope, ev):
+                    call = ev.event.node
+                    if id(call) not in reported:
+                        reported.add(id(call))
+                        yield call, (f"the learning-rate schedule advances even when {armed}.step() skipped the "
+                                     "optimizer step (inf/NaN gradients); step the scheduler only when the "
+                                     f"step was applied (e.g. if {armed}.get_scale() >= scale_before_update)")
+
+
+def _plain_scheduler_step(ctx: FileContext, scope: Scope, ev: StepEvent) -> bool:
+    call, site = ev.event.node, ev.event.site
+    assert isinstance(call, ast.Call) and site is not None
+    return (not call.args and isinstance(site.stmt, ast.Expr) and site.stmt.value is call
+            and ctx.is_scheduler(ev.key, scope))
+
+
+@dataclass
+class _Pending:
+    """A scaler whose ``unscale_()`` / ``step()`` ran on this path and whose ``update()`` has not yet."""
+
+    kind: str
+    site: Site
+    branches: list[StepEvent] = field(default_factory=list)
+    jump: ast.stmt | None = None
 
 
 @rule(code="AMP116", name="path-skips-scaler-update",
-      summary="a control path that skips scaler.update() after scaler.step() / unscale_()",
-      needs=(("update(",), ("continue", "break", "return"), _SCALER_TOKENS))
+      summary="a path on which scaler.update() does not run after scaler.step() / unscale_()",
+      needs=(("update(",), ("unscale_(", "step("), SCALER_TOKENS))
 def amp116(ctx: FileContext) -> Iterator[Hit]:
-    for scope in ctx.scopes:
-        if not scope.jumps:
+    reported: set[int] = set()
+    for scope in _training_scopes(ctx, ("update",)):
+        updates: dict[str, list[Site]] = {}  # key -> the update() sites
+        for site in scope.calls:
+            func = site.node.func  # type: ignore[attr-defined]
+            key = expr_key(func.value) if isinstance(func, ast.Attribute) and func.attr == "update" else None
+            if key:
+                updates.setdefault(key, []).append(site)
+        jumps = {id(site.node): site for site in scope.jumps}
+        for events in _paths(ctx, scope):
+            for node, message in _skipped_updates(ctx, scope, events, updates, jumps):
+                if id(node) not in reported:
+                    reported.add(id(node))
+                    yield node, message
+
+
+def _skipped_updates(ctx: FileContext, scope: Scope, events: list[StepEvent], updates: dict[str, list[Site]],
+                     jumps: dict[int, Site]) -> Iterator[Hit]:
+    pending: dict[str, _Pending] = {}
+    for ev in events:
+        if ev.kind in ("unscale_", "step") and ev.key in updates and ev.key not in pending \
+                and ctx.is_scaler(ev.key, scope):
+            assert ev.event.site is not None
+            pending[ev.key] = _Pending(ev.kind, ev.event.site)  # type: ignore[index]
+        elif ev.kind == "update" and ev.key in pending:
+            del pending[ev.key]  # type: ignore[arg-type]
+        elif ev.kind == BRANCH:
+            for p in pending.values():
+                p.branches.append(ev)
+        elif ev.kind == JUMP:
+            for p in pending.values():
+                p.jump = ev.event.node  # type: ignore[assignment]
+        elif ev.kind in (ITER, EXIT, END):
+            for key, p in list(pending.items()):
+                hit = _closing(ctx, scope, key, p, ev, updates[key], jumps)
+                if hit is not None:
+                    del pending[key]
+                    yield hit
+
+
+def _closing(ctx: FileContext, scope: Scope, key: str, p: _Pending, ev: StepEvent, updates: list[Site],
+             jumps: dict[int, Site]) -> Hit | None:
+    """The hit when ``ev`` closes the region where ``p`` had to be followed by ``key.update()``."""
+    jump = p.jump
+    if ev.kind == END:
+        if isinstance(jump, ast.Return):
+            return _jump_hit(key, p, jump)
+        return _branch_hit(ctx, scope, key, p, updates)
+    loop = ev.event.node
+    if not p.site.inside(loop) or not any(u.inside(loop) for u in updates):
+        return None
+    wanted = ast.Continue if ev.kind == ITER else ast.Break
+    if isinstance(jump, wanted) and jumps[id(jump)].innermost_loop() is loop:
+        return _jump_hit(key, p, jump)
+    return _branch_hit(ctx, scope, key, p, updates) if ev.kind == ITER else None
+
+
+def _jump_hit(key: str, p: _Pending, jump: ast.stmt) -> Hit:
+    word = "continue" if isinstance(jump, ast.Continue) else "break" if isinstance(jump, ast.Break) else "return"
+    return jump, (f"`{word}` after {key}.{p.kind}() skips {key}.update(): the next {key}.unscale_()/step() "
+                  f"raises and the scale stops adapting; call {key}.update() on this path too")
+
+
+def _within(branch: ast.If, outer: ast.AST) -> bool:
+    """True when ``branch`` is ``outer`` or nested inside it."""
+    return branch is outer or any(node is branch for node in ast.walk(outer))
+
+
+def _branch_hit(ctx: FileContext, scope: Scope, key: str, p: _Pending, updates: list[Site]) -> Hit | None:
+    # The branch that left update() out: the last one whose other side holds it.  An accumulation
+    # boundary is AMP103's: there the unscale_()/update() outside it is the mistake, not the branch.
+    for ev in reversed(p.branches):
+        if ev.event.forced:
             continue
-        events = _events(ctx, scope)
-        reported: set[int] = set()
-        for (kind, key), sites in events.items():
-            if kind not in ("step", "unscale_") or not ctx.is_scaler(key, scope):
-                continue
-            updates = events.get(("update", key), [])
-            for started in sites:
-                loop = started.innermost_loop()
-                later = [u for u in updates if u.pos > started.pos and u.innermost_loop() is loop]
-                if not later:
-                    continue
-                update = min(later, key=lambda s: s.pos)
-                for jump in scope.jumps:
-                    if not (started.pos < jump.pos < update.pos) or id(jump.node) in reported:
-                        continue
-                    if not _skips(jump, started, update, loop):
-                        continue
-                    reported.add(id(jump.node))
-                    word = ("continue" if isinstance(jump.node, ast.Continue)
-                            else "break" if isinstance(jump.node, ast.Break) else "return")
-                    yield jump.node, (f"`{word}` after {key}.{kind}() skips {key}.update(): the next "
-                                      f"{key}.unscale_()/step() raises and the scale stops adapting; "
-                                      f"call {key}.update() on this path too")
+        branch = ev.event.node
+        assert isinstance(branch, ast.If)
+        other = "orelse" if ev.event.taken else "body"
+        held = [u for u in updates if u.inside(branch, other)]
+        if held and is_boundary_test(ctx, scope, branch.test, held[0].loops()):
+            return None
+        if held and any(isinstance(f[0], ast.If) and not _within(branch, f[0]) for f in p.site.frames):
+            return None  # unscale_/step under another test: the two tests may be correlated
+        if held:
+            side = "true" if ev.event.taken else "false"
+            return branch, (f"when this test is {side}, {key}.update() does not run after {key}.{p.kind}(): the "
+                            f"next {key}.unscale_()/step() raises and the scale stops adapting; call "
+                            f"{key}.step() and {key}.update() on every path ({key}.step() already skips "
+                            "non-finite gradients)")
+    return None
 
 
-def _skips(jump: Site, started: Site, update: Site, loop: ast.AST | None) -> bool:
-    if isinstance(jump.node, (ast.Continue, ast.Break)) and (loop is None or jump.innermost_loop() is not loop):
-        return False  # it leaves a nested loop, not the one holding the step
-    # The jump must be on a path through `started`: not in a sibling branch of one of its ifs/trys.
-    for stmt, fld in started.frames:
-        for jstmt, jfld in jump.frames:
-            if jstmt is stmt and jfld != fld:
-                return False
-    # update() in a `finally` around the jump still runs.
-    for stmt, fld in update.frames:
-        if fld == "finalbody" and jump.inside(stmt) and not jump.inside(stmt, "finalbody"):
-            return False
-    return True
-
-
-RULES = (amp102, amp103, amp104, amp111, amp112, amp115, amp116)
+RULES = (amp102, amp103, amp115, amp116)
