@@ -346,7 +346,7 @@ class _Runner:
         names = self.ctx.models.named_modules()
         explained = bool(getattr(exc, "_ampkit_explained", False))
         if not explained:
-            finding = explain_exception(exc, self.code, names, step=self.ctx.iteration)
+            finding = explain_exception(exc, self.code, names, step=self.ctx.iteration, models=self.ctx.models)
             if finding is not None:
                 self.explained.append(finding)
                 explained = True
