@@ -56,9 +56,10 @@ scaler.update()                     # once per iteration, after every scaler.ste
 _GRADS = """\
 optimizer.zero_grad(set_to_none=True)    # before the forward, never between backward and step
 with torch.autocast(device_type, dtype=torch.float16):
-    loss = loss_fn(model(x), y)          # the loss must depend on this optimizer's parameters
+    loss = loss_fn(model(x), y)          # must depend on the parameters of every optimizer stepped below
 scaler.scale(loss).backward()
-scaler.step(optimizer)
+if not frozen:                           # step an optimizer only when its parameters were trained
+    scaler.step(optimizer)
 scaler.update()"""
 
 _SAME_SCALER = """\
@@ -142,7 +143,9 @@ ORDER_RULES = (
     OrderRule("No inf checks were recorded for this optimizer", "default",
               "scaler.step(optimizer) found no gradient on any of the optimizer's parameters, so there was "
               "nothing to check for inf/NaN: its gradients were cleared between backward and step "
-              "(optimizer.zero_grad()), or the loss that was backpropagated does not depend on them", _GRADS),
+              "(optimizer.zero_grad()), or the loss that was backpropagated does not depend on them (frozen, "
+              "detached, or computed under torch.no_grad()); step an optimizer only in the iterations that "
+              "train its parameters", _GRADS),
     OrderRule("_scale is None", "other_scaler",
               "this GradScaler never scaled a loss (scale() creates its scale), yet it is asked to unscale, "
               "step or update: the loss was scaled by another GradScaler, so this one never saw its backward",

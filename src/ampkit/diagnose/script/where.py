@@ -9,17 +9,17 @@ or in the validation loop.  So every exception the doctor explains also names it
   never hooked falls back to its ``training`` flag) -- a *training* forward (train mode, autograd
   recording), an *eval* forward (``model.eval()``) or a *no-grad* forward (train mode under
   ``torch.no_grad`` / ``torch.inference_mode``);
-* raised anywhere else (a GradScaler call, the loss, the optimizer): the training step;
+* raised anywhere else (a GradScaler call, the loss, the optimizer): training, at its step;
 
-and the user's frames on the way there (library frames left out), innermost last, of which the
-last ``CHAIN_LIMIT`` are shown: ``train.py:88 train() -> train.py:41 Trainer.step() ->
+and the user's frames on the way there (library frames left out), innermost last, the last
+``CHAIN_LIMIT`` of them: ``train.py:88 train() -> train.py:41 Trainer.step() ->
 model.py:20 Block.forward()``.  The step is the number of optimizer steps before that point
 (the finding's ``step``).
 
 >>> Where("eval_forward", 16, "model", ["train.py:60", "train.py:31 evaluate()"], False).describe()
 'an eval forward of `model` (model.eval(), gradients off) after 16 optimizer steps'
 >>> Where("training_step", 3, None, ["train.py:40"]).sentence()
-'; where: training step 3, outside any forward; call chain: train.py:40'
+'; where: training after 3 optimizer steps, outside any forward; call chain: train.py:40'
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from torch import nn
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.script.watchers.model import ModelWatch
 
-__all__ = ["CHAIN_LIMIT", "PHASES", "Where", "where_now", "where_raised"]
+__all__ = ["CHAIN_LIMIT", "PHASES", "Where", "where_now", "where_raised", "where_sentence"]
 
 CHAIN_LIMIT = 5
 """User frames shown, innermost last (a deep trainer stack would drown the message)."""
@@ -44,7 +44,7 @@ _CALL_IMPL = nn.Module._call_impl.__code__
 outermost one on a stack is the model the user called, whatever its forward is named."""
 
 PHASES = ("training_forward", "eval_forward", "no_grad_forward", "training_step")
-"""The values of a finding's ``evidence["phase"]``."""
+"""The values of a finding's ``evidence["raised_in"]``."""
 
 
 @dataclass(frozen=True)
@@ -64,27 +64,31 @@ class Where:
 
     def describe(self) -> str:
         model = f"`{self.model}`"
-        after = f" after {self.step} optimizer steps" if self.step is not None else ""
+        after = "" if self.step is None else f" after {self.step} optimizer step{'' if self.step == 1 else 's'}"
         if self.phase == "training_forward":
-            return f"the training forward of {model}" + (f" in step {self.step}" if self.step is not None else "")
+            return f"the training forward of {model}{after}"
         if self.phase == "eval_forward":
             grads = {True: ", gradients on", False: ", gradients off", None: ""}[self.grad_enabled]
             return f"an eval forward of {model} (model.eval(){grads}){after}"
         if self.phase == "no_grad_forward":
             return f"a no-grad forward of {model} (train mode, gradients off){after}"
-        return (f"training step {self.step}" if self.step is not None else "training") + ", outside any forward"
-
-    def chain_text(self) -> str:
-        shown = " -> ".join(self.call_chain[-CHAIN_LIMIT:])
-        return f"... -> {shown}" if len(self.call_chain) > CHAIN_LIMIT else shown
+        return f"training{after}, outside any forward"
 
     def sentence(self) -> str:
         """The clause appended to the finding's message."""
-        chain = f"; call chain: {self.chain_text()}" if self.call_chain else ""
-        return f"; where: {self.describe()}{chain}"
+        return where_sentence(self.evidence())
 
     def evidence(self) -> dict[str, Any]:
-        return {"where": self.describe(), "phase": self.phase, "call_chain": self.call_chain[-CHAIN_LIMIT:]}
+        return {"where": self.describe(), "raised_in": self.phase, "call_chain": self.call_chain[-CHAIN_LIMIT:]}
+
+
+def where_sentence(evidence: dict[str, Any]) -> str:
+    """The message clause for a finding's ``where`` evidence (``""`` without one): also used when a
+    replayed op-level finding takes the place of an explained exception's finding."""
+    if "where" not in evidence:
+        return ""
+    chain = evidence.get("call_chain") or []
+    return f"; where: {evidence['where']}" + (f"; call chain: {' -> '.join(chain)}" if chain else "")
 
 
 def where_raised(tb: types.TracebackType | None, frames: UserFrames, models: ModelWatch | None,
