@@ -177,7 +177,8 @@ class UserFrames:
 
     def _link(self, code: types.CodeType, lineno: int) -> str:
         at = self.format(code.co_filename, lineno)
-        name = getattr(code, "co_qualname", code.co_name)  # Python 3.11+: Trainer.step, not step
+        # Python 3.11+: Trainer.step rather than step; a nested function reads outer.inner
+        name = getattr(code, "co_qualname", code.co_name).replace("<locals>.", "")
         return at if name == "<module>" else f"{at} {name}()"
 
     def traceback_location(self, tb: types.TracebackType | None) -> str | None:
