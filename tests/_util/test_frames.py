@@ -25,3 +25,17 @@ def test_doctor_observers_code_filter_excludes_libraries_under_the_user_folder(t
         assert not code.is_user("<string>")
     finally:
         sys.path.remove(str(venv_file.parent))
+
+
+def test_user_frames_call_chain_lists_user_frames_outermost_first(tmp_path: Path) -> None:
+    frames = UserFrames([tmp_path])
+    source = "class Trainer:\n    def step(self):\n        return inner()\n\ndef inner():\n    raise KeyError('x')\n"
+    namespace: dict[str, object] = {}
+    exec(compile(source, str(tmp_path / "train.py"), "exec"), namespace)
+    try:
+        namespace["Trainer"]().step()  # type: ignore[operator]
+    except KeyError as exc:
+        chain = frames.call_chain(exc.__traceback__)
+    shown = [link.split(" ", 1)[1] for link in chain]
+    assert shown == ["Trainer.step()", "inner()"]  # this test file is not under tmp_path: left out
+    assert chain[-1].endswith("train.py:6 inner()")

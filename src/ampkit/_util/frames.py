@@ -151,6 +151,36 @@ class UserFrames:
             tb = tb.tb_next
         return frames
 
+    def call_chain(self, tb: types.TracebackType | None = None, *, skip: int = 1) -> list[str]:
+        """The user's frames as ``file:line function()`` (``file:line`` at module level), outermost
+        first and innermost last: those of ``tb`` when given, else those of the current stack from
+        ``skip`` frames above this call.
+
+        >>> frames = UserFrames(["/home/me"])
+        >>> ns = {"frames": frames}
+        >>> exec(compile("def train(): return frames.call_chain()", "/home/me/train.py", "exec"), ns)
+        >>> ns["train"]()
+        ['/home/me/train.py:1 train()']
+        """
+        spots: list[tuple[types.CodeType, int]] = []
+        if tb is not None:
+            while tb is not None:
+                spots.append((tb.tb_frame.f_code, tb.tb_lineno))
+                tb = tb.tb_next
+        else:
+            frame: types.FrameType | None = sys._getframe(skip)
+            while frame is not None:
+                spots.append((frame.f_code, frame.f_lineno))
+                frame = frame.f_back
+            spots.reverse()
+        return [self._link(code, line) for code, line in spots if self.is_user(code.co_filename)]
+
+    def _link(self, code: types.CodeType, lineno: int) -> str:
+        at = self.format(code.co_filename, lineno)
+        # Python 3.11+: Trainer.step rather than step; a nested function reads outer.inner
+        name = getattr(code, "co_qualname", code.co_name).replace("<locals>.", "")
+        return at if name == "<module>" else f"{at} {name}()"
+
     def traceback_location(self, tb: types.TracebackType | None) -> str | None:
         """``file:line`` of the innermost user frame of ``tb`` (the line that raised, as the user sees it)."""
         last = None

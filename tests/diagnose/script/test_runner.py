@@ -17,7 +17,8 @@ import torch
 import ampkit.scaler
 from ampkit.cli.doctor import is_script
 from ampkit.cli.main import UsageError, main
-from ampkit.diagnose.script.runner import run_script
+from ampkit.diagnose.script.runner import merge_replayed_findings, run_script
+from ampkit.findings import Finding
 
 
 def _write(path: Path, source: str) -> Path:
@@ -293,3 +294,16 @@ def test_doctor_script_observes_a_compiled_model(tmp_path: Path) -> None:
     assert report.exit_status == 0 and report.steps == 3 and not report.has_errors
     assert [r["why"] for r in report.replays] == ["checkup"] and "error" not in report.replays[0]
     assert not [w for w in caught if "global hooks" in str(w.message)]
+
+
+def test_merge_replayed_findings_keeps_the_where_of_an_explained_exception() -> None:
+    explained = Finding(code="CAST_OVERFLOW", severity="error", message="a fill did not fit; where: x", fix="f",
+                        location="train.py:9", evidence={"where": "an eval forward of `model`",
+                                                         "call_chain": ["train.py:30 evaluate()", "train.py:9"]})
+    replayed = Finding(code="CAST_OVERFLOW", severity="error", message="aten::masked_fill in attn raised", fix="f",
+                       module="attn", op="aten::masked_fill", evidence={"error": "value cannot be converted"})
+    [merged] = merge_replayed_findings([explained], [replayed])
+    assert merged.op == "aten::masked_fill" and merged.location == "train.py:9"
+    assert merged.message == ("aten::masked_fill in attn raised; where: an eval forward of `model`; "
+                              "call chain: train.py:30 evaluate() -> train.py:9")
+    assert merged.evidence["call_chain"] == ["train.py:30 evaluate()", "train.py:9"]

@@ -2,8 +2,9 @@
 
 Each known message becomes a ``Finding``: its code, what the message means in AMP terms, the
 user's ``file:line`` (innermost user frame of the traceback), the source text of that line,
-the module whose forward was running (innermost frame whose ``self`` is a known module), and
-the fix.
+the module whose forward was running (innermost frame whose ``self`` is a known module), where
+in training it happened (which forward or step, and the user's call chain: ``script.where``),
+and the fix.  GradScaler's step-order assertions are explained by ``script.order``.
 
 >>> import re
 >>> bool(_DTYPE_PATTERNS[0].search("mat1 and mat2 must have the same dtype, but got Half and Float"))
@@ -16,15 +17,18 @@ import linecache
 import re
 import types
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
-from ampkit.diagnose.script.watchers.scaler import ORDER_FIXES
+from ampkit.diagnose.script.order import explain_order
+from ampkit.diagnose.script.watchers.model import ModelWatch
+from ampkit.diagnose.script.where import Where, where_raised
 from ampkit.findings import Finding
 
-__all__ = ["explain_exception"]
+__all__ = ["exception_finding", "explain_exception"]
 
 _CAST = re.compile(r"value cannot be converted to type (?:at::|c10::)?(\w+) without overflow")
 _DTYPE_PATTERNS = [
@@ -61,24 +65,38 @@ def _source_line(location: str | None) -> str | None:
 
 
 def explain_exception(exc: BaseException, code: UserFrames, names: dict[int, str], *,
-                      step: int | None = None) -> Finding | None:
-    """A finding for ``exc`` when it is one of the errors mixed precision causes, else None."""
+                      step: int | None = None, models: ModelWatch | None = None) -> Finding | None:
+    """A finding for ``exc`` when it is one of the errors mixed precision causes, else None.
+
+    ``models`` (the script's model watcher) tells which forward raised: training, eval or no-grad.
+    """
     text = str(exc)
     tb = exc.__traceback__
-    location = code.traceback_location(tb)
-    module = _module_of(tb, names)
-    source = _source_line(location)
-    evidence: dict[str, object] = {"exception": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
-    if source:
-        evidence["source"] = source
-    at = f" at {location}" + (f" (`{source}`)" if source else "") if location else ""
     for rule in _RULES:
         made = rule(text)
         if made is not None:
-            code_name, message, fix = made
-            return Finding(code=code_name, severity="error", message=message + at, fix=fix, module=module,
-                           location=location, step=step, evidence=evidence)
+            code_name, message, fix, *extra = made
+            return exception_finding(exc, code_name, message, fix, location=code.traceback_location(tb),
+                                     module=_module_of(tb, names), step=step,
+                                     where=where_raised(tb, code, models, step), evidence=extra[0] if extra else None)
     return None
+
+
+def exception_finding(exc: BaseException, code: str, message: str, fix: str, *, location: str | None,
+                      module: str | None, step: int | None, where: Where,
+                      evidence: dict[str, Any] | None = None) -> Finding:
+    """The finding of an explained exception: the explanation, then the user's line and source text,
+    then where in training it happened (``script.where``), the same in the evidence."""
+    text = str(exc)
+    made: dict[str, Any] = {"exception": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
+    source = _source_line(location)
+    if source:
+        made["source"] = source
+    made.update(evidence or {})
+    made.update(where.evidence())
+    at = f" at {location}" + (f" (`{source}`)" if source else "") if location else ""
+    return Finding(code=code, severity="error", message=message + at + where.sentence(), fix=fix, module=module,
+                   location=location, step=step, evidence=made)
 
 
 def _cast_overflow(text: str) -> tuple[str, str, str] | None:
@@ -125,11 +143,13 @@ def _fp16_grads(text: str) -> tuple[str, str, str] | None:
     )
 
 
-def _scaler_order(text: str) -> tuple[str, str, str] | None:
-    for needle, fix in ORDER_FIXES.items():
-        if needle in text:
-            return ("UNSCALE_ORDER_ERROR", f"GradScaler's call order was broken: {text.strip()}", fix)
-    return None
+def _scaler_order(text: str) -> tuple[str, str, str, dict[str, Any]] | None:
+    # Raised outside the GradScaler watcher (which explains its own calls with the scaler's state):
+    # the message alone picks the rule.
+    rule = explain_order(text)
+    if rule is None:
+        return None
+    return ("UNSCALE_ORDER_ERROR", rule.message(text), rule.fix, rule.evidence())
 
 
 def _nonfinite_probs(text: str) -> tuple[str, str, str] | None:
@@ -143,6 +163,7 @@ def _nonfinite_probs(text: str) -> tuple[str, str, str] | None:
     )
 
 
-_RULES: list[Callable[[str], tuple[str, str, str] | None]] = [
+# Each rule returns (code, message, fix) or (code, message, fix, evidence).
+_RULES: list[Callable[[str], tuple[Any, ...] | None]] = [
     _cast_overflow, _dtype_mismatch, _fp16_grads, _scaler_order, _nonfinite_probs,
 ]

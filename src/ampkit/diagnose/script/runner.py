@@ -44,6 +44,7 @@ from ampkit.diagnose.script.rules import finalize
 from ampkit.diagnose.script.state import Sampler
 from ampkit.diagnose.script.target import defined_tasks, require_module
 from ampkit.diagnose.script.watchers.model import Capture
+from ampkit.diagnose.script.where import where_sentence
 from ampkit.diagnose.step.result import SCHEMA, DiagnosisResult
 from ampkit.findings import Finding
 
@@ -134,8 +135,9 @@ def merge_replayed_findings(process: list[Finding], replayed: list[Finding]) -> 
         p = out[twin]
         if p.op is not None and f.op is None:
             continue  # already op-level
-        out[twin] = dataclasses.replace(
-            f, location=f.location or p.location, module=f.module or p.module,
+        out[twin] = dataclasses.replace(  # an explained exception's place in training stays in the message
+            f, location=f.location or p.location, module=f.module or p.module, message=f.message + (
+                where_sentence(p.evidence) if "where" not in f.evidence else ""),
             evidence={**p.evidence, **f.evidence}, step=f.step if f.step is not None else p.step,
         )
     return sort_findings(out)
@@ -346,7 +348,7 @@ class _Runner:
         names = self.ctx.models.named_modules()
         explained = bool(getattr(exc, "_ampkit_explained", False))
         if not explained:
-            finding = explain_exception(exc, self.code, names, step=self.ctx.iteration)
+            finding = explain_exception(exc, self.code, names, step=self.ctx.iteration, models=self.ctx.models)
             if finding is not None:
                 self.explained.append(finding)
                 explained = True

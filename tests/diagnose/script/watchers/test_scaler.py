@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
+from ampkit.findings import Finding
 from diagnose.script.observe import observe
 
 
@@ -29,3 +32,69 @@ def test_doctor_observers_clip_after_unscale_is_clean_and_before_is_not() -> Non
     assert [f.code for f in bad.ledger.findings()] == ["CLIP_BEFORE_UNSCALE"]
     assert good.ledger.findings() == []
     assert bad.iteration == good.iteration == 2
+
+
+def _order_findings(loop: object) -> list[Finding]:
+    def run() -> None:
+        with contextlib.suppress(RuntimeError, AssertionError):
+            loop()  # type: ignore[operator]
+
+    return [f for f in observe(run).ledger.findings() if f.code == "UNSCALE_ORDER_ERROR"]
+
+
+def _micro_batch(model: nn.Module, scaler: torch.amp.GradScaler) -> None:
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(3, 4)).float().pow(2).mean()
+    scaler.scale(loss).backward()
+
+
+def test_scaler_watch_update_on_a_micro_batch_is_an_order_error_with_the_accumulation_order() -> None:
+    def end_of_batch(scaler: torch.amp.GradScaler) -> None:
+        scaler.update()
+
+    def loop() -> None:
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        for i in range(4):
+            _micro_batch(model, scaler)
+            if (i + 1) % 2 == 0:
+                scaler.step(opt)
+            end_of_batch(scaler)
+
+    [finding] = _order_findings(loop)
+    assert finding.evidence["variant"] == "accumulation" and finding.evidence["call"] == "scaler.update()"
+    assert "if (i + 1) % accum_steps == 0:" in finding.fix and finding.step == 0
+    assert finding.location is not None and "scaler.update()" in finding.evidence["source"]
+    outer, inner = finding.evidence["call_chain"][-2:]
+    assert outer.endswith(".loop()") and inner.endswith(".end_of_batch()")
+    assert finding.evidence["raised_in"] == "training_step"
+    assert "; where: training after 0 optimizer steps, outside any forward; call chain: " in finding.message
+
+
+def test_scaler_watch_second_step_without_update_names_the_missing_update() -> None:
+    def loop() -> None:
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        for _ in range(3):
+            _micro_batch(model, scaler)
+            scaler.step(opt)
+            opt.zero_grad()
+
+    [finding] = _order_findings(loop)
+    assert finding.evidence["variant"] == "missing_update" and finding.evidence["call"] == "scaler.step()"
+    assert finding.step == 1 and "after 1 optimizer step," in finding.message
+
+
+def test_scaler_watch_step_on_a_scaler_that_never_scaled_names_the_other_scaler() -> None:
+    def loop() -> None:
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler_a, scaler_b = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
+        _micro_batch(model, scaler_a)
+        scaler_b.step(opt)
+
+    [finding] = _order_findings(loop)
+    assert finding.evidence["variant"] == "other_scaler"
+    assert "one scaler for every loss and optimizer" in finding.fix

@@ -63,6 +63,10 @@ class Capture:
     """The unscaled loss the user backpropagated after this forward."""
     scale: torch.Tensor | None = None
     """The loss scale of that backward (a copy), or None when the loss was not scaled."""
+    grad_enabled: bool = True
+    """Autograd was recording during this forward (False under ``torch.no_grad``/``inference_mode``)."""
+    training: bool = True
+    """The model was in train mode (``model.eval()`` sets False)."""
 
     @property
     def low_precision(self) -> torch.dtype | None:
@@ -277,6 +281,7 @@ class ModelWatch:
             autocast_enabled=enabled,
             autocast_dtype=torch.get_autocast_dtype(dev) if dev in _AUTOCAST_DEVICES else torch.float32,
             other_autocast=others, rng_cpu=torch.get_rng_state(), rng_device=rng_dev, location=self._locate(),
+            grad_enabled=torch.is_grad_enabled(), training=module.training,
             # A skipped step does not undo its forward's running-stat update; the replay needs the
             # statistics from before it.  One fused copy (multi-tensor kernel) of the stats buffers.
             running_before=(root.running, list(torch._foreach_mul(root.running, 1.0))) if root.running else None,

@@ -18,36 +18,19 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.script.errors import exception_finding
+from ampkit.diagnose.script.order import OrderContext, explain_order
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.where import where_now
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.state import WatchState
     from ampkit.diagnose.script.watchers.backward import BackwardWatch
     from ampkit.diagnose.script.watchers.optim import OptimWatch
 
-__all__ = ["ORDER_FIXES", "ScaledSource", "ScalerInfo", "ScalerWatch"]
+__all__ = ["ScaledSource", "ScalerInfo", "ScalerWatch"]
 
 _LOW = (torch.float16, torch.bfloat16)
-
-ORDER_FIXES = {
-    "unscale_() has already been called": (
-        "call scaler.unscale_(optimizer) once per optimizer step, after the last backward of the "
-        "accumulation window and before clipping; do not unscale again in logging code"
-    ),
-    "unscale_() is being called after step()": "call scaler.unscale_(optimizer) before scaler.step(optimizer)",
-    "step() has already been called": (
-        "call scaler.step(optimizer) once per optimizer per iteration, then scaler.update() once"
-    ),
-    "No inf checks were recorded for this optimizer": (
-        "the optimizer has no gradients at scaler.step(): backpropagate the scaled loss first "
-        "(`scaler.scale(loss).backward()`) and do not call optimizer.zero_grad() between backward and step"
-    ),
-    "No inf checks were recorded prior to update": (
-        "call scaler.update() only after scaler.step(optimizer) in the same iteration"
-    ),
-    "_scale is None": "call scaler.scale(loss).backward() before scaler.unscale_/step/update",
-}
-
 
 @dataclass
 class ScaledSource:
@@ -222,38 +205,36 @@ class ScalerWatch:
                         )
                 self.state.pending.read(overflow, judge)
 
-    def _explain_order(self, exc: BaseException, location: str | None) -> None:
+    def _explain_order(self, exc: BaseException, sc: Any, call: str) -> None:
+        """UNSCALE_ORDER_ERROR for GradScaler's own step-order assertion, with the cause read from the
+        scaler's state at the raise (``script.order``) and where in training it happened."""
         text = str(exc)
         if "No inf checks were recorded prior" in text and self.direct_steps and self.state.ledger.has(
                 "UNSCALE_ORDER_ERROR"):
             exc._ampkit_explained = True  # type: ignore[attr-defined]
             return  # the consequence of the optimizer.step() that bypassed the scaler, already reported
-        for needle, fix in ORDER_FIXES.items():
-            if needle in text:
-                code = "UNSCALE_ORDER_ERROR"
-                message = f"GradScaler raised {type(exc).__name__}: {text}"
-                if (needle.startswith("No inf checks were recorded prior") and self.backward.since_update
-                        and not self.direct_steps):
-                    code = "ACCUMULATION_SCALE_CHANGE"
-                    message = (
-                        f"scaler.update() was called on a micro-batch that did not step the optimizer "
-                        f"(GradScaler: {text!r}): with gradient accumulation, update() belongs to the step "
-                        "boundary, after scaler.step(optimizer)"
-                    )
-                    fix = ("move scaler.update() into the accumulation boundary block, right after "
-                           "scaler.step(optimizer): `if (i + 1) % accum == 0: scaler.step(opt); scaler.update(); "
-                           "opt.zero_grad()`")
-                self.state.ledger.add(code, key=location, message=message, fix=fix, location=location,
-                                    step=self.state.iteration, evidence={"exception": text})
-                exc._ampkit_explained = True  # type: ignore[attr-defined]
-                return
+        info = self.info(sc)
+        rule = explain_order(text, OrderContext(
+            call, backwards=self.backward.since_update, stepped=info.stepped_since_update,
+            other_scaler_scaled=any(i.used for i in self.infos if i is not info),
+            optimizers=len(self.optim.optimizers)))
+        if rule is None:
+            return
+        frames, it = self.state.frames, self.state.iteration
+        location = frames.caller(2)
+        finding = exception_finding(exc, "UNSCALE_ORDER_ERROR", rule.message(text), rule.fix, location=location,
+                                    module=None, step=it, where=where_now(frames, self.state.models, it, skip=2),
+                                    evidence=rule.evidence(call))
+        self.state.ledger.add(finding.code, key=location, message=finding.message, fix=finding.fix,
+                              location=location, step=it, evidence=finding.evidence)
+        exc._ampkit_explained = True  # type: ignore[attr-defined]
 
     def _wrap_unscale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def unscale_(sc: Any, optimizer: torch.optim.Optimizer) -> Any:
             try:
                 out = orig(sc, optimizer)
             except (RuntimeError, AssertionError) as exc:
-                self._explain_order(exc, self.state.frames.caller())
+                self._explain_order(exc, sc, "unscale_")
                 raise
             if sc._enabled:
                 self.info(sc).unscaled_since_update = True
@@ -266,7 +247,7 @@ class ScalerWatch:
             try:
                 out = orig(sc, optimizer, *args, **kwargs)
             except (RuntimeError, AssertionError) as exc:
-                self._explain_order(exc, self.state.frames.caller())
+                self._explain_order(exc, sc, "step")
                 raise
             finally:
                 self.in_step -= 1
@@ -311,7 +292,7 @@ class ScalerWatch:
             try:
                 out = orig(sc, new_scale)
             except (RuntimeError, AssertionError) as exc:
-                self._explain_order(exc, self.state.frames.caller())
+                self._explain_order(exc, sc, "update")
                 raise
             if sc._enabled:
                 it = self.state.iteration
