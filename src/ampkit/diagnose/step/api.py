@@ -150,8 +150,9 @@ class _Diagnosis:
             fixable = self._step_findings(lp, out_sqnr)
             grads = None
             if self.ref is not None:
-                grads = compare.compare_grads(self.ref.grads, lp.grads, inv_scale=1.0 / s.program.loss_scale,
-                                              param_module=s.param_module)
+                grads = compare.compare_grads(
+                    self.ref.grads, lp.grads, inv_scale=1.0 / s.program.loss_scale, param_module=s.param_module,
+                    flushed_below=compare.flush_bound(s.precision.dtype, s.program.loss_scale))
                 result.comparison = compare.summary(out_sqnr, grads)
                 # Only "with no overflow involved": after an overflow every later difference is its echo.
                 if lp.finite and not self._overflowed:
@@ -345,7 +346,12 @@ class _Diagnosis:
     # -- bisection -------------------------------------------------------------------------------
     def _bisect(self, result: DiagnosisResult, lp: RunResult, fixable: list[Finding],
                 out_sqnr: dict[str, float]) -> None:
-        from ampkit.diagnose.step.bisect import Objective, bisect_keep_fp32, effect_candidates, rank_candidates
+        from ampkit.diagnose.step.bisect import (
+            Objective,
+            bisect_keep_fp32,
+            effect_candidates,
+            rank_candidates,
+        )
 
         sqnr_modules = [f.module for f in fixable if f.code == "PRECISION_LOSS" and f.module is not None]
         sqnr_modules += [m for m in self._sqnr_targets if m not in sqnr_modules]

@@ -40,8 +40,9 @@ __all__ = [
     "UNDERFLOW_THRESHOLD",
     "GradComparison",
     "compare_grads",
-    "module_sqnr",
+    "flush_bound",
     "flushed_shares",
+    "module_sqnr",
     "precision_findings",
     "sqnr_db",
     "underflow_finding",
@@ -96,11 +97,29 @@ class GradComparison:
         return lost / nonzero if nonzero else 0.0
 
 
+def flush_bound(dtype: torch.dtype, loss_scale: float) -> float:
+    """Largest unscaled fp32 gradient magnitude whose zero in ``dtype`` counts as flushed.
+
+    A gradient entry is flushed when the format's range cannot hold it: at or near the
+    smallest normal, or a sum of such entries.  Beyond 2^10 times the smallest normal (fp16:
+    0.06) the format holds the value easily, and a zero comes from another decision taken
+    under rounding (a ReLU or a max choosing differently), which is precision loss, not
+    underflow.  bf16's bound, 1e-35, leaves only true underflow.
+
+    >>> flush_bound(torch.float16, 1.0) == 2.0 ** -14 * 2 ** 10
+    True
+    """
+    return float(torch.finfo(dtype).tiny) * 2.0**10 / loss_scale
+
+
 def compare_grads(
     reference: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], *, inv_scale: float,
-    param_module: dict[str, str],
+    param_module: dict[str, str], flushed_below: float = math.inf,
 ) -> GradComparison:
-    """Compare gradients parameter by parameter and aggregate per owning module (one transfer)."""
+    """Compare gradients parameter by parameter and aggregate per owning module (one transfer).
+
+    An entry counts as lost when it is non-zero in fp32 but exactly zero here, and its fp32
+    magnitude is below ``flushed_below`` (``flush_bound``: unscaled units)."""
     names = [n for n in reference if n in grads]
     if not names:
         return GradComparison()
@@ -113,7 +132,8 @@ def compare_grads(
         ref_nz = r != 0
         rows.append(torch.stack([
             torch.linalg.vector_norm(r).square(), torch.linalg.vector_norm(r - g).square(),
-            torch.count_nonzero(ref_nz & (g == 0)).to(acc), torch.count_nonzero(ref_nz).to(acc),
+            torch.count_nonzero(ref_nz & (g == 0) & (r.abs() < flushed_below)).to(acc),
+            torch.count_nonzero(ref_nz).to(acc),
         ]))
     values = torch.stack(rows).cpu().tolist()  # one read-back for all parameters
     out = GradComparison()
