@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ampkit.diagnose.step.api import diagnose_step
-from ampkit.diagnose.step.compare import SQNR_THRESHOLD_DB, compare_grads, sqnr_db
+from ampkit.diagnose.step.compare import SQNR_THRESHOLD_DB, compare_grads, flush_bound, sqnr_db
 from ampkit.tasks.gpt import GPT, GPTConfig
 from diagnose import doctor_models as dm
 
@@ -65,6 +65,47 @@ def test_compare_gradient_underflow_in_fp16_without_scaling() -> None:
     scaled = diagnose_step(model, run, precision="fp16", loss_scale=2.0**16, bisect=False)
     assert not [g for g in scaled.findings if g.code == "GRADIENT_UNDERFLOW"]
     assert scaled.comparison["grad_underflow"]["0"] == 0.0
+
+
+class ScaledBranchNet(nn.Module):
+    """A stem on the trunk, then a residual branch behind a layer scale of 1e-6 (ConvNeXt's init)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 8)
+        self.branch = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+        self.gamma = nn.Parameter(torch.full((8,), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        return self.head(h + self.gamma * self.branch(torch.tanh(h)))
+
+
+def test_compare_gradient_underflow_names_the_most_flushed_module_not_the_first() -> None:
+    x = torch.randn(8, 8)
+
+    def run(m: nn.Module) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = m(x)
+        return out.float().pow(2).mean()
+
+    result = diagnose_step(ScaledBranchNet(), run, precision="fp16", bisect=False)
+    (f,) = [f for f in result.findings if f.code == "GRADIENT_UNDERFLOW"]
+    assert f.module == "branch"
+    shares = f.evidence["shares"]
+    assert shares["branch"]["share"] == 1.0 and shares["branch"]["nonzero_fp32"] == 72
+    assert "stem" not in shares and result.comparison["grad_underflow"]["stem"] == 0.0
+
+
+def test_compare_grads_zero_of_a_large_gradient_is_not_a_flush() -> None:
+    ref = {"a.weight": torch.tensor([1e-9, 0.5, 2.0])}
+    low = {"a.weight": torch.tensor([0.0, 0.0, 2.0])}
+    bound = flush_bound(torch.float16, 1.0)
+    cmp = compare_grads(ref, low, inv_scale=1.0, param_module={"a.weight": "a"}, flushed_below=bound)
+    assert cmp.underflow["a"] == (1, 3)  # 0.5 -> 0 is a different decision (a ReLU, a max), not underflow
+    assert flush_bound(torch.bfloat16, 1.0) < 1e-30
+    assert flush_bound(torch.float16, 1024.0) == bound / 1024
 
 
 def test_compare_grads_counts_lost_elements_per_module() -> None:

@@ -42,6 +42,7 @@ from ampkit.diagnose.core.stats import (
     pending_range,
 )
 from ampkit.diagnose.step import compare
+from ampkit.diagnose.step.effect import effect_finding, fold_gradient_twin
 from ampkit.diagnose.step.events import (
     Producer,
     error_finding,
@@ -149,8 +150,9 @@ class _Diagnosis:
             fixable = self._step_findings(lp, out_sqnr)
             grads = None
             if self.ref is not None:
-                grads = compare.compare_grads(self.ref.grads, lp.grads, inv_scale=1.0 / s.program.loss_scale,
-                                              param_module=s.param_module)
+                grads = compare.compare_grads(
+                    self.ref.grads, lp.grads, inv_scale=1.0 / s.program.loss_scale, param_module=s.param_module,
+                    flushed_below=compare.flush_bound(s.precision.dtype, s.program.loss_scale))
                 result.comparison = compare.summary(out_sqnr, grads)
                 # Only "with no overflow involved": after an overflow every later difference is its echo.
                 if lp.finite and not self._overflowed:
@@ -344,7 +346,12 @@ class _Diagnosis:
     # -- bisection -------------------------------------------------------------------------------
     def _bisect(self, result: DiagnosisResult, lp: RunResult, fixable: list[Finding],
                 out_sqnr: dict[str, float]) -> None:
-        from ampkit.diagnose.step.bisect import Objective, bisect_keep_fp32, rank_candidates
+        from ampkit.diagnose.step.bisect import (
+            Objective,
+            bisect_keep_fp32,
+            effect_candidates,
+            rank_candidates,
+        )
 
         sqnr_modules = [f.module for f in fixable if f.code == "PRECISION_LOSS" and f.module is not None]
         sqnr_modules += [m for m in self._sqnr_targets if m not in sqnr_modules]
@@ -352,8 +359,17 @@ class _Diagnosis:
                               reference=self.ref.recorder.outputs if self.ref else None)
         candidates = rank_candidates([f.module for f in fixable], out_sqnr, order=lp.recorder.order,
                                      threshold_db=self.threshold_db)
-        outcome = bisect_keep_fp32(self.s, objective, candidates, reference_run=self.ref)
+        # Precision loss is judged by its effect on the output: every candidate kept in fp32 alone first.
+        loss = next((f for f in fixable if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"), None)
+        scan = (effect_candidates(lp.recorder.order, out_sqnr, threshold_db=self.threshold_db)
+                if loss is not None and objective.reference is not None and not self._overflowed else None)
+        outcome = bisect_keep_fp32(self.s, objective, candidates, reference_run=self.ref, scan=scan, baseline=out_sqnr)
         result.bisection = outcome.to_json()
+        if loss is not None and outcome.culprit is not None:
+            named = effect_finding(loss, outcome, out_sqnr)
+            self.findings = fold_gradient_twin([named if f is loss else f for f in self.findings], named)
+            fixable = [f for f in self.findings if f.code == "PRECISION_LOSS" and f.module == named.module] + [
+                f for f in fixable if f is not loss]
         if outcome.keep_fp32 is None:
             return
         result.keep_fp32 = outcome.keep_fp32

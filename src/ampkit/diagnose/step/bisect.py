@@ -20,6 +20,15 @@ job, not keep-fp32's), the model output's SQNR against fp32 at or above the thre
 every module that had PRECISION_LOSS back above it.  Names of repeated blocks collapse into a pattern
 (``blocks.*.norm``) only when the pattern matches exactly the same modules.  Trials are
 bounded (``max_trials``); each costs one (traced, when finiteness is the goal) step.
+
+Precision loss is judged by its effect on the model's output (``scan``, before the grow step):
+each candidate of ``effect_candidates`` is kept in fp32 *alone* and the step re-run, and the
+model output's SQNR against fp32 is measured.  The module whose fp32 keeping restores the
+output is the culprit (``effect_culprit``): a module with a good SQNR of its own often is the
+one whose bf16 output rounded the signal away (a projection of timesteps, coordinates with an
+offset), while the first module below the threshold only shows it.  The grow step then starts
+from the candidates in the order of their effect, so a single-module fix costs no further
+trial.  The scan costs one untraced step per candidate (at most ``EFFECT_SCAN_LIMIT``).
 """
 
 from __future__ import annotations
@@ -37,7 +46,20 @@ from ampkit.diagnose.step.events import find_producer
 from ampkit.diagnose.step.session import RunResult, Session, copy_model
 from ampkit.policy import Fp32Policy
 
-__all__ = ["BisectOutcome", "Objective", "Trial", "bisect_keep_fp32", "compress_names", "rank_candidates"]
+__all__ = [
+    "EFFECT_SCAN_LIMIT",
+    "BisectOutcome",
+    "Objective",
+    "Trial",
+    "bisect_keep_fp32",
+    "compress_names",
+    "effect_candidates",
+    "effect_culprit",
+    "rank_candidates",
+]
+
+EFFECT_SCAN_LIMIT = 16
+"""Most single-module trials of the effect scan (each is one untraced step)."""
 
 
 @dataclass
@@ -72,10 +94,18 @@ class BisectOutcome:
     trials: list[Trial]
     verification: dict[str, Any] | None
     reason: str
+    effects: dict[str, Trial] = field(default_factory=dict)
+    """The effect scan: candidate -> its single-module trial (empty when no scan ran)."""
+    culprit: str | None = None
+    """The module whose fp32 keeping alone restores the output most (``effect_culprit``)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"keep_fp32": self.keep_fp32, "reason": self.reason, "verification": self.verification,
-                "trials": [t.to_json() for t in self.trials]}
+        out = {"keep_fp32": self.keep_fp32, "reason": self.reason, "verification": self.verification,
+               "trials": [t.to_json() for t in self.trials]}
+        if self.effects:
+            out["effects"] = {m: t.sqnr_db for m, t in self.effects.items()}
+            out["culprit"] = self.culprit
+        return out
 
 
 def rank_candidates(producers: list[str | None], out_sqnr: dict[str, float], *, order: list[str],
@@ -101,6 +131,65 @@ def rank_candidates(producers: list[str | None], out_sqnr: dict[str, float], *, 
     for n in sorted((n for n, v in out_sqnr.items() if not math.isnan(v)), key=lambda n: out_sqnr[n]):
         add(n)
     return out[:limit]
+
+
+def effect_candidates(order: list[str], out_sqnr: dict[str, float], *, threshold_db: float,
+                      limit: int = EFFECT_SCAN_LIMIT) -> list[str]:
+    """Modules whose fp32 keeping may restore the output, for the effect scan.
+
+    On a small model every module but the root, in forward order.  Otherwise the modules below
+    the threshold (forward order), the ancestors of the first of them (a parent's own forward may
+    compute what the child only receives), then the modules that completed before it, nearest
+    first: a precision loss is produced at or upstream of where it first shows.
+
+    >>> effect_candidates(["a", "b", "c", ""], {"b": 3.0}, threshold_db=20.0)
+    ['a', 'b', 'c']
+    >>> effect_candidates(["a", "b", "c.x", "c.y", "c", "d", ""], {"c.x": 3.0, "c.y": 9.0, "c": 9.0},
+    ...                   threshold_db=20.0, limit=4)
+    ['c.x', 'c.y', 'c', 'b']
+    """
+    names = [n for n in order if n]
+    if len(names) <= limit:
+        return names
+    below = [n for n in names if not math.isnan(out_sqnr.get(n, math.nan)) and out_sqnr[n] < threshold_db]
+    if not below:
+        return names[:limit]
+    first = below[0]
+    ancestors = [n for n in names if first.startswith(n + ".")]
+    upstream = list(reversed(names[: names.index(first)]))
+    return list(dict.fromkeys([*below, *ancestors, *upstream]))[:limit]
+
+
+def _floor(values: dict[str, float]) -> float:
+    """The worst SQNR among ``values`` (NaN counts as lost)."""
+    return min((-math.inf if math.isnan(v) else v for v in values.values()), default=-math.inf)
+
+
+def effect_culprit(effects: dict[str, Trial], baseline: dict[str, float], *, min_gain_db: float = 3.0) -> str | None:
+    """The module whose fp32 keeping alone restores the output: the culprit of a precision loss.
+
+    Among the single-module trials that fixed the step, the innermost (a parent that fixes it
+    only because its child does is not the producer), then the one with the best model output;
+    when none fixed it, the one that raised the worst target most, by at least ``min_gain_db``
+    over ``baseline`` (the targets' SQNR without any module in fp32).
+
+    >>> t = lambda fixed, out: Trial(keep=[], fixed=fixed, finite=True, sqnr_db={"": out})
+    >>> effect_culprit({"enc": t(True, 40.0), "enc.proj": t(True, 38.0), "head": t(False, 2.0)}, {"": 1.0})
+    'enc.proj'
+    >>> effect_culprit({"a": t(False, 12.0), "b": t(False, 2.0)}, {"": 1.0})
+    'a'
+    >>> effect_culprit({"a": t(False, 2.0)}, {"": 1.0}) is None
+    True
+    """
+    fixed = [n for n, t in effects.items() if t.fixed]
+    if fixed:
+        inner = [n for n in fixed if not any(o != n and o.startswith(n + ".") for o in fixed)]
+        return max(inner, key=lambda n: _floor({"": effects[n].sqnr_db.get("", math.nan)}))
+    if not effects:
+        return None
+    floor = _floor({k: baseline.get(k, math.nan) for k in next(iter(effects.values())).sqnr_db})
+    best = max(effects, key=lambda n: _floor(effects[n].sqnr_db))
+    return best if _floor(effects[best].sqnr_db) >= floor + min_gain_db else None
 
 
 def compress_names(names: list[str], all_names: list[str]) -> list[str]:
@@ -132,6 +221,8 @@ class _Bisector:
         self.ref = reference_run
         self.max_trials = max_trials
         self.trials: list[Trial] = []
+        self._spent = 0
+        """Trials of the effect scan: the grow and prune budgets count from here."""
 
     def _targets(self) -> list[str]:
         """Modules whose output SQNR the objective checks: the flagged ones and the model output."""
@@ -163,11 +254,17 @@ class _Bisector:
         self.trials.append(t)
         return t
 
+    def scan(self, candidates: list[str]) -> dict[str, Trial]:
+        """Each candidate alone in fp32 (the effect scan of the module docstring)."""
+        effects = {c: self.trial([c]) for c in dict.fromkeys(candidates) if c}
+        self._spent = len(self.trials)
+        return effects
+
     def grow(self, candidates: list[str]) -> list[str] | None:
         keep: list[str] = []
         queue = [c for c in candidates if c]
         last: Trial | None = None
-        while len(self.trials) < self.max_trials:
+        while len(self.trials) - self._spent < self.max_trials:
             nxt = last.next_module if last is not None else None
             if nxt is not None and (nxt == "" or nxt in keep or _is_inside(nxt, keep)):
                 nxt = None  # already fp32 there: fp32 itself fails at this op, try the next candidate
@@ -184,7 +281,7 @@ class _Bisector:
     def prune(self, keep: list[str]) -> list[str]:
         keep = [k for k in keep if not _is_inside(k, keep)]
         for member in list(keep):
-            if len(keep) == 1 or len(self.trials) >= 2 * self.max_trials:
+            if len(keep) == 1 or len(self.trials) - self._spent >= 2 * self.max_trials:
                 break
             smaller = [k for k in keep if k != member]
             if self.trial(smaller).fixed:
@@ -215,19 +312,30 @@ class _Bisector:
 
 
 def bisect_keep_fp32(session: Session, objective: Objective, candidates: list[str], *,
-                     reference_run: RunResult | None = None, max_trials: int = 10) -> BisectOutcome:
-    """Find, prune and verify a minimal keep-fp32 set (see the module docstring)."""
+                     reference_run: RunResult | None = None, max_trials: int = 10,
+                     scan: list[str] | None = None, baseline: dict[str, float] | None = None) -> BisectOutcome:
+    """Find, prune and verify a minimal keep-fp32 set (see the module docstring).
+
+    ``scan``: candidates of the effect scan (each kept in fp32 alone first); ``baseline``: the
+    targets' SQNR of the step as it ran, against which the scan's gain is judged.
+    """
     b = _Bisector(session, objective, reference_run, max_trials)
+    effects = b.scan(scan) if scan else {}
+    culprit = effect_culprit(effects, baseline or {}) if effects else None
+    if culprit is not None:
+        ranked = sorted((c for c in effects if c != culprit), key=lambda c: -_floor(effects[c].sqnr_db))
+        candidates = list(dict.fromkeys([culprit, *ranked, *candidates]))
     if not candidates:
         return BisectOutcome(None, [], None, "no module is a candidate (the problem is outside the model)")
-    keep = b.grow(candidates)
+    keep = [culprit] if culprit is not None and effects[culprit].fixed else b.grow(candidates)
     if keep is None:
         return BisectOutcome(None, b.trials, None,
-                             f"no set of up to {len(b.trials)} modules kept in fp32 fixed the step")
+                             f"no set of up to {len(b.trials)} modules kept in fp32 fixed the step", effects, culprit)
     keep = b.prune(keep)
     all_names = [n for n, _ in session.model.named_modules()]
     patterns = compress_names(keep, all_names)
     verification = b.verify(patterns)
     if not verification["verified"]:
-        return BisectOutcome(None, b.trials, verification, "the proposed set did not verify on a fresh copy")
-    return BisectOutcome(patterns, b.trials, verification, "verified")
+        return BisectOutcome(None, b.trials, verification, "the proposed set did not verify on a fresh copy",
+                             effects, culprit)
+    return BisectOutcome(patterns, b.trials, verification, "verified", effects, culprit)

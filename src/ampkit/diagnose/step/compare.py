@@ -14,6 +14,9 @@ Thresholds (documented defaults, both configurable):
   rounding noise.
 * ``UNDERFLOW_THRESHOLD = 0.01``: a module whose parameter gradients are non-zero in fp32 but
   exactly zero after the low-precision backward (unscaled) for at least 1 % of the elements.
+  GRADIENT_UNDERFLOW names the module with the largest such share (``flushed_shares``), not the
+  first module of the model: a small-gradient layer deep in the net (a residual branch behind a
+  layer scale of 1e-6) is flushed while the stem's gradients are fine.
 
 PRECISION_LOSS is only reported for a step without overflow; it names the first module (in
 the order forwards complete, so the innermost one) whose output falls below the threshold,
@@ -37,9 +40,12 @@ __all__ = [
     "UNDERFLOW_THRESHOLD",
     "GradComparison",
     "compare_grads",
+    "flush_bound",
+    "flushed_shares",
     "module_sqnr",
     "precision_findings",
     "sqnr_db",
+    "underflow_finding",
 ]
 
 SQNR_THRESHOLD_DB = 20.0
@@ -91,11 +97,29 @@ class GradComparison:
         return lost / nonzero if nonzero else 0.0
 
 
+def flush_bound(dtype: torch.dtype, loss_scale: float) -> float:
+    """Largest unscaled fp32 gradient magnitude whose zero in ``dtype`` counts as flushed.
+
+    A gradient entry is flushed when the format's range cannot hold it: at or near the
+    smallest normal, or a sum of such entries.  Beyond 2^10 times the smallest normal (fp16:
+    0.06) the format holds the value easily, and a zero comes from another decision taken
+    under rounding (a ReLU or a max choosing differently), which is precision loss, not
+    underflow.  bf16's bound, 1e-35, leaves only true underflow.
+
+    >>> flush_bound(torch.float16, 1.0) == 2.0 ** -14 * 2 ** 10
+    True
+    """
+    return float(torch.finfo(dtype).tiny) * 2.0**10 / loss_scale
+
+
 def compare_grads(
     reference: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], *, inv_scale: float,
-    param_module: dict[str, str],
+    param_module: dict[str, str], flushed_below: float = math.inf,
 ) -> GradComparison:
-    """Compare gradients parameter by parameter and aggregate per owning module (one transfer)."""
+    """Compare gradients parameter by parameter and aggregate per owning module (one transfer).
+
+    An entry counts as lost when it is non-zero in fp32 but exactly zero here, and its fp32
+    magnitude is below ``flushed_below`` (``flush_bound``: unscaled units)."""
     names = [n for n in reference if n in grads]
     if not names:
         return GradComparison()
@@ -108,7 +132,8 @@ def compare_grads(
         ref_nz = r != 0
         rows.append(torch.stack([
             torch.linalg.vector_norm(r).square(), torch.linalg.vector_norm(r - g).square(),
-            torch.count_nonzero(ref_nz & (g == 0)).to(acc), torch.count_nonzero(ref_nz).to(acc),
+            torch.count_nonzero(ref_nz & (g == 0) & (r.abs() < flushed_below)).to(acc),
+            torch.count_nonzero(ref_nz).to(acc),
         ]))
     values = torch.stack(rows).cpu().tolist()  # one read-back for all parameters
     out = GradComparison()
@@ -164,25 +189,48 @@ def precision_findings(
                 evidence={"kind": "gradient", "sqnr_db": value, "threshold_db": threshold_db,
                           "global_sqnr_db": grads.global_sqnr_db, "below_threshold": dict(gbelow[:12])},
             ))
-        lost = {m: grads.underflow_frac(m) for m in grads.underflow}
-        flagged = sorted(((m, f) for m, f in lost.items() if f >= underflow_threshold), key=lambda x: -x[1])
-        if flagged:
-            name, frac = flagged[0]
-            scaled = loss_scale != 1.0
-            fix = (f"Raise the loss scale (it was {loss_scale:g}; DynamicLossScaler grows it by itself after clean "
-                   "steps), or train in bf16, whose exponent range is fp32's." if scaled else
-                   "Use loss scaling: MixedPrecision('fp16') scales dynamically by default (with torch.amp, use "
-                   "torch.amp.GradScaler), or train in bf16.")
-            findings.append(Finding(
-                code="GRADIENT_UNDERFLOW", severity="warning",
-                message=(f"{frac:.1%} of {display_module(name)}'s parameter-gradient elements are non-zero in fp32 but "
-                         f"flush to zero in {precision} (loss scale {loss_scale:g}); {len(flagged)} module(s) lose at "
-                         f"least {underflow_threshold:.0%}"),
-                fix=fix, module=name, step=step,
-                evidence={"fraction": frac, "threshold": underflow_threshold, "loss_scale": loss_scale,
-                          "modules": {m: f for m, f in flagged[:20]}},
-            ))
+        underflow = underflow_finding(grads, threshold=underflow_threshold, precision=precision,
+                                      loss_scale=loss_scale, step=step)
+        if underflow is not None:
+            findings.append(underflow)
     return findings
+
+
+def flushed_shares(grads: GradComparison) -> list[tuple[str, float, int, int]]:
+    """(module, share, flushed, non-zero in fp32) for every module with a flushed gradient entry, most
+    flushed first: the largest share, then the most entries, then model order.
+
+    >>> g = GradComparison(underflow={"stem": (1, 100), "blocks.3.proj": (90, 100), "head": (0, 10)})
+    >>> flushed_shares(g)
+    [('blocks.3.proj', 0.9, 90, 100), ('stem', 0.01, 1, 100)]
+    """
+    rows = [(m, lost / nz, lost, nz) for m, (lost, nz) in grads.underflow.items() if lost and nz]
+    return sorted(rows, key=lambda r: (-r[1], -r[2]))
+
+
+def underflow_finding(grads: GradComparison, *, threshold: float, precision: str, loss_scale: float,
+                      step: int | None) -> Finding | None:
+    """GRADIENT_UNDERFLOW at the module whose gradients are flushed: the largest share of its entries
+    non-zero in fp32 and exactly zero here (judged unscaled), wherever it sits in the model."""
+    shares = flushed_shares(grads)
+    flagged = [r for r in shares if r[1] >= threshold]
+    if not flagged:
+        return None
+    name, frac, lost, nonzero = flagged[0]
+    fix = (f"Raise the loss scale (it was {loss_scale:g}; DynamicLossScaler grows it by itself after clean "
+           "steps), or train in bf16, whose exponent range is fp32's." if loss_scale != 1.0 else
+           "Use loss scaling: MixedPrecision('fp16') scales dynamically by default (with torch.amp, use "
+           "torch.amp.GradScaler), or train in bf16.")
+    return Finding(
+        code="GRADIENT_UNDERFLOW", severity="warning",
+        message=(f"{frac:.1%} of {display_module(name)}'s parameter-gradient elements ({lost} of {nonzero}) are "
+                 f"non-zero in fp32 but flush to zero in {precision} (loss scale {loss_scale:g}), the largest share "
+                 f"of any module; {len(flagged)} module(s) lose at least {threshold:.0%}"),
+        fix=fix, module=name, step=step,
+        evidence={"fraction": frac, "threshold": threshold, "loss_scale": loss_scale,
+                  "modules": {m: f for m, f, _, _ in flagged[:20]},
+                  "shares": {m: {"share": f, "flushed": lo, "nonzero_fp32": nz} for m, f, lo, nz in shares[:20]}},
+    )
 
 
 def summary(out_sqnr: dict[str, float], grads: GradComparison | None) -> dict[str, Any]:
