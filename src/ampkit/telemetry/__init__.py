@@ -15,9 +15,6 @@ docs/telemetry.md for the record format and the thresholds.
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any
-
 from ampkit.telemetry.alarms import (
     Alarm,
     AlarmAction,
@@ -39,9 +36,7 @@ from ampkit.telemetry.sinks import (
     SinkFailedWarning,
     TensorBoardSink,
 )
-
-if TYPE_CHECKING:
-    from ampkit.engine import Engine
+from ampkit.telemetry.spec import make_telemetry
 
 __all__ = [
     "Alarm",
@@ -63,30 +58,3 @@ __all__ = [
     "default_alarms",
     "make_telemetry",
 ]
-
-
-def make_telemetry(spec: Any, engine: Engine | None = None) -> Telemetry:
-    """Build (or take) the ``Telemetry`` for ``MixedPrecision(telemetry=spec)``; attach it to ``engine`` if given."""
-    if isinstance(spec, Telemetry):
-        telemetry = spec
-    elif spec is True:
-        telemetry = Telemetry()
-    elif isinstance(spec, (str, os.PathLike)):
-        if not os.fspath(spec).endswith(".jsonl"):
-            raise ValueError(
-                f"MixedPrecision(telemetry={os.fspath(spec)!r}): a path must end in .jsonl (one record per line); "
-                "for TensorBoard pass telemetry=[ampkit.TensorBoardSink(log_dir)]"
-            )
-        telemetry = Telemetry(sinks=[JsonlSink(spec)])
-    elif isinstance(spec, Sink):
-        telemetry = Telemetry(sinks=[spec])
-    elif isinstance(spec, (list, tuple)):
-        telemetry = Telemetry(sinks=spec)
-    else:
-        raise TypeError(
-            f"MixedPrecision(telemetry={spec!r}): use a Telemetry(...), a list of sinks "
-            "([JsonlSink(path), TensorBoardSink(dir), ProgressSink(), CallbackSink(fn)]), a '*.jsonl' path, or True"
-        )
-    if engine is not None and telemetry not in engine.hooks:
-        engine.add_hook(telemetry)
-    return telemetry
