@@ -5,7 +5,9 @@
 ``Telemetry``, a list of sinks (or callables), a single sink, a ``*.jsonl`` path, or ``True``
 (alarms only).  Metrics stay on the device and reach the host once per ``flush_every`` steps;
 see ``core`` for the data path, ``metrics`` for the reductions, ``alarms`` for the rules and
-docs/telemetry.md for the record format and the thresholds.
+docs/telemetry.md for the record format and the thresholds.  ``observe(optimizer, scaler=...,
+telemetry=spec)`` feeds the same records and alarms from a loop ampkit does not drive (a
+framework's own ``torch.amp.GradScaler`` and optimizers; see ``observe``).
 
 >>> import ampkit, torch
 >>> mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=True)
@@ -28,6 +30,8 @@ from ampkit.telemetry.alarms import (
     default_alarms,
 )
 from ampkit.telemetry.core import Telemetry
+from ampkit.telemetry.observe import LoopObserver, observe
+from ampkit.telemetry.schedule import SchedulerOnSkipAlarm
 from ampkit.telemetry.sinks import (
     CallbackSink,
     JsonlSink,
@@ -46,9 +50,11 @@ __all__ = [
     "CallbackSink",
     "GradNormSpikeAlarm",
     "JsonlSink",
+    "LoopObserver",
     "LossNonFiniteAlarm",
     "ProgressSink",
     "ScaleCollapseAlarm",
+    "SchedulerOnSkipAlarm",
     "Sink",
     "SinkFailedWarning",
     "SkipRateAlarm",
@@ -57,4 +63,5 @@ __all__ = [
     "TrainingStopped",
     "default_alarms",
     "make_telemetry",
+    "observe",
 ]

@@ -119,6 +119,15 @@ class Telemetry(EngineHook):
         self._n_models = 0
         self._losses = 0
 
+    def add_alarm(self, alarm: Alarm) -> Monitor:
+        """Add ``alarm`` to the rules evaluated at each flush (before binding); returns its monitor."""
+        if self.engine is not None:
+            raise ValueError(f"add_alarm({alarm!r}): add alarms before the Telemetry is attached")
+        monitor = alarm.monitor()
+        self.alarms.append(alarm)
+        self.monitors.append(monitor)
+        return monitor
+
     # -- binding -------------------------------------------------------------------------------
     @override
     def on_attach(self, engine: Engine) -> None:
