@@ -4,9 +4,11 @@ GradScaler("cpu"), autocast and AdamW (plain and fused), with no ampkit engine i
 from __future__ import annotations
 
 import math
+import re
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -16,6 +18,8 @@ from torch import nn
 
 import ampkit
 from ampkit.telemetry import AlarmWarning, LossNonFiniteAlarm, SchedulerOnSkipAlarm, Telemetry, observe
+
+from .telemetry_helpers import FORBIDDEN, ForbiddenSync
 
 
 class Net(nn.Module):
@@ -164,14 +168,6 @@ def test_observe_stop_alarm_sets_should_stop() -> None:
     assert len(records) == 3  # the loop saw the flag before its 4th step
 
 
-# Each of these makes the host wait for the device (or reads a CPU tensor the way it would).
-FORBIDDEN = ("item", "__bool__", "cpu", "tolist", "numpy", "__float__", "__int__", "__index__")
-
-
-class ForbiddenSync(AssertionError):
-    pass
-
-
 def _telemetry_caller(frame: FrameType | None) -> str | None:
     """"flush" inside a telemetry flush, "hook" inside other ampkit.telemetry code, else None."""
     inside = False
@@ -219,3 +215,42 @@ def test_observe_rejects_what_is_not_a_grad_scaler() -> None:
         observe(opt, scaler=ampkit.MixedPrecision("fp16", device="cpu").scaler)
     with pytest.raises(ValueError, match=r"observe\(telemetry='run.txt'\)"):
         observe(opt, telemetry="run.txt")
+
+
+def test_observe_docs_example_runs_and_prints_the_skipped_step() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "telemetry.md").read_text()
+    section = text.split("## Observing a loop ampkit does not drive", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    namespace: dict[str, Any] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(code, "docs/telemetry.md", "exec"), namespace)  # our own documentation
+    expected = code.rsplit("# ", 1)[1].strip()
+    records = namespace["records"]
+    assert repr([(r["step"], r["skipped"], r["scale"], r["next_scale"]) for r in records][3]) == expected
+    assert len(records) == 8 and any("SCHEDULER_STEPPED_ON_SKIP" in str(w.message) for w in caught)
+
+
+class LossNet(Net):
+    """Returns its loss as Hugging Face models do: ``{"loss": ..., "logits": ...}``."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        out = super().forward(x)
+        return {"loss": (out - y).pow(2).mean(), "logits": out} if y is not None else {"logits": out}
+
+
+def test_observe_records_the_loss_a_model_returns_and_ignores_evaluation_forwards() -> None:
+    torch.manual_seed(0)
+    model, records, losses = LossNet(), [], []
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with observe(opt, telemetry=[records.append], model=model):
+        for x, y in _data(3):
+            loss = model(x, y)["loss"]
+            losses.append(loss.item())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                model(x, y)  # an evaluation forward: neither a loss nor a new step
+    assert [r["loss"] for r in records] == pytest.approx(losses, rel=1e-6)
+    assert [r["step"] for r in records] == [1, 2, 3]
