@@ -254,3 +254,31 @@ def test_observe_records_the_loss_a_model_returns_and_ignores_evaluation_forward
                 model(x, y)  # an evaluation forward: neither a loss nor a new step
     assert [r["loss"] for r in records] == pytest.approx(losses, rel=1e-6)
     assert [r["step"] for r in records] == [1, 2, 3]
+
+
+def test_observe_two_optimizers_make_one_record_per_step_skipped_when_either_overflowed() -> None:
+    torch.manual_seed(0)
+    model, records = Net(), []
+    opts = [torch.optim.AdamW(model.fc1.parameters(), lr=1e-2), torch.optim.AdamW(model.fc2.parameters(), lr=1e-2)]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    with observe(opts, scaler=scaler, telemetry=[records.append], model=model):
+        for step, (x, y) in enumerate(_data(3), start=1):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = (model(x).float() - y).pow(2).mean()
+            scaler.scale(loss).backward()
+            if step == 2:
+                model.fc2.bias.grad.fill_(math.inf)
+            for opt in opts:
+                scaler.step(opt)
+            scaler.update()
+            for opt in opts:
+                opt.zero_grad()
+    assert [(r["step"], r["skipped"], r["next_scale"]) for r in records] == [
+        (1, False, 2.0**10), (2, True, 2.0**9), (3, False, 2.0**9)]
+
+
+def test_observe_refuses_a_telemetry_already_attached_to_an_engine() -> None:
+    tel = Telemetry()
+    ampkit.MixedPrecision("bf16", device="cpu", telemetry=tel)
+    with pytest.raises(ValueError, match="one Telemetry per engine"):
+        observe(torch.optim.SGD(Net().parameters(), lr=0.1), telemetry=tel)

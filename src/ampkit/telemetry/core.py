@@ -120,10 +120,12 @@ class Telemetry(EngineHook):
         self._losses = 0
 
     def add_alarm(self, alarm: Alarm) -> Monitor:
-        """Add ``alarm`` to the rules evaluated at each flush (before binding); returns its monitor."""
-        if self.engine is not None:
-            raise ValueError(f"add_alarm({alarm!r}): add alarms before the Telemetry is attached")
+        """Add ``alarm`` to the rules evaluated at each flush; returns its monitor."""
+        if not isinstance(alarm, Alarm):
+            raise TypeError(f"add_alarm({alarm!r}): pass an ampkit.telemetry Alarm such as SkipRateAlarm()")
         monitor = alarm.monitor()
+        if self.engine is not None:
+            monitor.bind(self.engine)
         self.alarms.append(alarm)
         self.monitors.append(monitor)
         return monitor

@@ -83,8 +83,8 @@ class LoopObserver:
         self.device = params[0].device
         self.telemetry = make_telemetry(telemetry, where="observe")
         self._schedule = None if scheduler is None else SchedulerLog(scheduler)
-        self._follow_scheduler()
         self.telemetry.bind(self)
+        self._follow_scheduler()
         self._zero = torch.zeros((), dtype=torch.float32, device=self.device)
         self._one = torch.ones((), dtype=torch.float32, device=self.device)
         self._closed = False
@@ -119,6 +119,7 @@ class LoopObserver:
 
     def flush(self) -> list[dict[str, Any]]:
         """Read the closed steps (one host sync), run the alarms, write the sinks; return the records."""
+        self._tick()  # a step whose scaler.update() already ran is closed first
         return self._guard(self.telemetry.flush) or []
 
     def close(self) -> None:
