@@ -33,6 +33,7 @@ from ampkit import hooks as _hooks
 from ampkit._guards import check_eps, check_param
 from ampkit._state import EngineState, check_engine_state
 from ampkit._util.dtensor import local_shard
+from ampkit._util.grads import global_grad_norm
 from ampkit.config import EngineConfig
 from ampkit.policy import Fp32Policy, KeepFp32Rule
 from ampkit.precision import Precision
@@ -355,9 +356,7 @@ class Engine:
         if self.clip_grad_norm is not None:
             # Same call as the recipe, so the clipped gradients match bit for bit.
             return torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=None)
-        grads = [p.grad for p in params if p.grad is not None]
-        norms = torch._foreach_norm(grads)
-        return torch.linalg.vector_norm(torch.stack([n.to(torch.float32) for n in norms]))
+        return global_grad_norm([p.grad for p in params if p.grad is not None])
 
     def _step_or_skip(self, opt: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
         if getattr(opt, "_step_supports_amp_scaling", False):

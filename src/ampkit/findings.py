@@ -27,6 +27,7 @@ __all__ = [
     "Severity",
     "nonfinite_input",
     "scale_collapse",
+    "scheduler_stepped_on_skip",
 ]
 
 Severity = Literal["error", "warning", "info"]
@@ -148,3 +149,17 @@ def scale_collapse(cause: str, context: str, detail: str = "") -> tuple[str, str
     """SCALE_COLLAPSE's message and fix: ``context`` says what collapsed, ``detail`` follows the cause."""
     known = SCALE_COLLAPSE_CAUSES[cause]
     return f"{context}. Cause: {known.what}{detail}", known.fix
+
+
+def scheduler_stepped_on_skip(count: int, first: int) -> tuple[str, str]:
+    """SCHEDULER_STEPPED_ON_SKIP's message and fix: ``count`` skipped steps the scheduler advanced on, from ``first``.
+
+    >>> scheduler_stepped_on_skip(2, 5)[0][:62]
+    'the LR scheduler stepped after 2 optimizer steps that the Grad'
+    """
+    message = (f"the LR scheduler stepped after {count} optimizer steps that the GradScaler skipped "
+               f"(first at step {first}): the schedule ran {count} steps ahead of the parameter updates "
+               "(warm-up shortened, decay started early)")
+    fix = ("step the scheduler only when the optimizer stepped: `scale = scaler.get_scale(); scaler.update(); "
+           "if scaler.get_scale() >= scale: scheduler.step()` (or ampkit's mp.scheduler_step(scheduler, result))")
+    return message, fix

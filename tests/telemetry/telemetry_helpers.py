@@ -35,3 +35,11 @@ def train_step(mp: ampkit.MixedPrecision, model: nn.Module, opt: torch.optim.Opt
 def batch(n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Features, embedding indices drawn from rows 0-4 only (rows 5-9 get zero grads), targets."""
     return torch.randn(n, 4), torch.randint(0, 5, (n,)), torch.randn(n, 1)
+
+
+# Each of these makes the host wait for the device (or reads a CPU tensor the way it would).
+FORBIDDEN = ("item", "__bool__", "cpu", "tolist", "numpy", "__float__", "__int__", "__index__")
+
+
+class ForbiddenSync(AssertionError):
+    """A sync method was called where the telemetry promises none."""

@@ -13,7 +13,7 @@ import torch
 import ampkit
 from ampkit.telemetry import CallbackSink, JsonlSink, Telemetry
 
-from .telemetry_helpers import batch, train_step
+from .telemetry_helpers import FORBIDDEN, ForbiddenSync, batch, train_step
 
 
 class Capture(ampkit.EngineHook):
@@ -179,14 +179,6 @@ def test_telemetry_counts_gradients_before_clipping_on_skipped_steps(tiny: torch
         assert r["nonfinite_grads"] == nonfinite
     numel = sum(p.numel() for p in tiny.parameters())
     assert all(r["nonfinite_grads"] < numel for r in skipped), "clipping's NaN coefficient must not be counted"
-
-
-# Each of these makes the host wait for the device (or reads a CPU tensor the way it would).
-FORBIDDEN = ("item", "__bool__", "cpu", "tolist", "numpy", "__float__", "__int__", "__index__")
-
-
-class ForbiddenSync(AssertionError):
-    pass
 
 
 def _forbid(monkeypatch: pytest.MonkeyPatch) -> None:

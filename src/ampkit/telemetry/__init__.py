@@ -5,7 +5,9 @@
 ``Telemetry``, a list of sinks (or callables), a single sink, a ``*.jsonl`` path, or ``True``
 (alarms only).  Metrics stay on the device and reach the host once per ``flush_every`` steps;
 see ``core`` for the data path, ``metrics`` for the reductions, ``alarms`` for the rules and
-docs/telemetry.md for the record format and the thresholds.
+docs/telemetry.md for the record format and the thresholds.  ``observe(optimizer, scaler=...,
+telemetry=spec)`` feeds the same records and alarms from a loop ampkit does not drive (a
+framework's own ``torch.amp.GradScaler`` and optimizers; see ``observe``).
 
 >>> import ampkit, torch
 >>> mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=True)
@@ -14,9 +16,6 @@ docs/telemetry.md for the record format and the thresholds.
 """
 
 from __future__ import annotations
-
-import os
-from typing import TYPE_CHECKING, Any
 
 from ampkit.telemetry.alarms import (
     Alarm,
@@ -31,6 +30,8 @@ from ampkit.telemetry.alarms import (
     default_alarms,
 )
 from ampkit.telemetry.core import Telemetry
+from ampkit.telemetry.observe import LoopObserver, observe
+from ampkit.telemetry.schedule import SchedulerOnSkipAlarm
 from ampkit.telemetry.sinks import (
     CallbackSink,
     JsonlSink,
@@ -39,9 +40,7 @@ from ampkit.telemetry.sinks import (
     SinkFailedWarning,
     TensorBoardSink,
 )
-
-if TYPE_CHECKING:
-    from ampkit.engine import Engine
+from ampkit.telemetry.spec import make_telemetry
 
 __all__ = [
     "Alarm",
@@ -51,9 +50,11 @@ __all__ = [
     "CallbackSink",
     "GradNormSpikeAlarm",
     "JsonlSink",
+    "LoopObserver",
     "LossNonFiniteAlarm",
     "ProgressSink",
     "ScaleCollapseAlarm",
+    "SchedulerOnSkipAlarm",
     "Sink",
     "SinkFailedWarning",
     "SkipRateAlarm",
@@ -62,31 +63,5 @@ __all__ = [
     "TrainingStopped",
     "default_alarms",
     "make_telemetry",
+    "observe",
 ]
-
-
-def make_telemetry(spec: Any, engine: Engine | None = None) -> Telemetry:
-    """Build (or take) the ``Telemetry`` for ``MixedPrecision(telemetry=spec)``; attach it to ``engine`` if given."""
-    if isinstance(spec, Telemetry):
-        telemetry = spec
-    elif spec is True:
-        telemetry = Telemetry()
-    elif isinstance(spec, (str, os.PathLike)):
-        if not os.fspath(spec).endswith(".jsonl"):
-            raise ValueError(
-                f"MixedPrecision(telemetry={os.fspath(spec)!r}): a path must end in .jsonl (one record per line); "
-                "for TensorBoard pass telemetry=[ampkit.TensorBoardSink(log_dir)]"
-            )
-        telemetry = Telemetry(sinks=[JsonlSink(spec)])
-    elif isinstance(spec, Sink):
-        telemetry = Telemetry(sinks=[spec])
-    elif isinstance(spec, (list, tuple)):
-        telemetry = Telemetry(sinks=spec)
-    else:
-        raise TypeError(
-            f"MixedPrecision(telemetry={spec!r}): use a Telemetry(...), a list of sinks "
-            "([JsonlSink(path), TensorBoardSink(dir), ProgressSink(), CallbackSink(fn)]), a '*.jsonl' path, or True"
-        )
-    if engine is not None and telemetry not in engine.hooks:
-        engine.add_hook(telemetry)
-    return telemetry

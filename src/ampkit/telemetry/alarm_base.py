@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ampkit.findings import CODES, Finding
 
 if TYPE_CHECKING:
-    from ampkit.engine import Engine
+    from ampkit.telemetry.source import StepSource
 
 __all__ = [
     "Alarm",
@@ -97,8 +97,9 @@ class Monitor:
     def observe(self, record: Record) -> AlarmEvent | None:
         raise NotImplementedError
 
-    def bind(self, engine: Engine) -> None:
-        """Called when the telemetry attaches to ``engine``; a rule that needs the engine's settings reads them."""
+    def bind(self, source: StepSource) -> None:
+        """Called when the telemetry binds to ``source`` (the engine or a ``LoopObserver``); a rule that needs
+        the loop's settings reads them."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"fired": self.fired}

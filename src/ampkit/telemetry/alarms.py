@@ -63,7 +63,7 @@ from ampkit.telemetry.alarm_base import (
 )
 
 if TYPE_CHECKING:
-    from ampkit.engine import Engine
+    from ampkit.telemetry.source import StepSource
 
 __all__ = [
     "Alarm",
@@ -126,8 +126,8 @@ class _ScaleCollapseMonitor(Monitor):
         self.scaler: Any = None
 
     @override
-    def bind(self, engine: Engine) -> None:
-        self.scaler = engine.scaler  # its min_scale is read per record: load_state_dict may change it
+    def bind(self, source: StepSource) -> None:
+        self.scaler = source.scaler  # its min_scale is read per record: load_state_dict may change it
 
     def observe(self, record: Record) -> AlarmEvent | None:
         return self._observe_backoff(record) or self._observe_floor(record)

@@ -10,6 +10,11 @@ Data path of one optimizer step (all on the device, no host sync):
    coefficient and the gradient element counts into the step's row;
 3. ``after_step`` writes the scale used and the scale after the update, then commits the row.
 
+The engine hooks are thin calls of the recording API (``record_loss``, ``count_grads``,
+``begin_step``, ``end_step``), which reads the loop's settings from a ``StepSource``: the
+engine, or a ``LoopObserver`` (``ampkit.telemetry.observe``) that calls the same API from
+torch's optimizer and module hooks for a loop ampkit does not drive.
+
 Every ``flush_every`` steps the rows are read to the host with one copy (the one sync), turned
 into records (plain dicts), checked by the alarms, written to the sinks, and the alarms'
 actions run.  Between flushes nothing reaches the host, so alarms react up to
@@ -22,7 +27,6 @@ import contextlib
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,23 +38,11 @@ from ampkit.engine import Engine
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
 from ampkit.telemetry.metrics import COL, GradCounter, MetricBuffer, ModuleAbsmax
+from ampkit.telemetry.records import StepMeta, current_rank, floating_tensors, make_record
 from ampkit.telemetry.sinks import CallbackSink, Sink, SinkFailedWarning
+from ampkit.telemetry.source import StepSource
 
 __all__ = ["Telemetry"]
-
-
-@dataclass
-class _StepMeta:
-    """Host-side facts of a row, known without reading the device."""
-
-    step: int
-    losses: int
-    numel: int
-    lr: float | None
-    watched: bool
-    module_slot: int | None = None
-    module_names: list[str] | None = None
-    module_present: list[int] | None = None
 
 
 class Telemetry(EngineHook):
@@ -117,26 +109,42 @@ class Telemetry(EngineHook):
                                 "such as ScaleCollapseAlarm(action='stop')")
         self.alarms = alarm_list
         self.monitors: list[Monitor] = [a.monitor() for a in alarm_list]
-        self.engine: Engine | None = None
+        self.engine: StepSource | None = None
+        """What this telemetry records: the engine it is attached to, or a ``LoopObserver``."""
         self._closed = False
-        self._meta: list[_StepMeta] = []
-        self._pending: _StepMeta | None = None
+        self._meta: list[StepMeta] = []
+        self._pending: StepMeta | None = None
         self._counts: tuple[torch.Tensor, torch.Tensor] | None = None
         self._watched: dict[int, Any] = {}
         self._n_models = 0
         self._losses = 0
 
+    def add_alarm(self, alarm: Alarm) -> Monitor:
+        """Add ``alarm`` to the rules evaluated at each flush; returns its monitor."""
+        if not isinstance(alarm, Alarm):
+            raise TypeError(f"add_alarm({alarm!r}): pass an ampkit.telemetry Alarm such as SkipRateAlarm()")
+        monitor = alarm.monitor()
+        if self.engine is not None:
+            monitor.bind(self.engine)
+        self.alarms.append(alarm)
+        self.monitors.append(monitor)
+        return monitor
+
     # -- binding -------------------------------------------------------------------------------
     @override
     def on_attach(self, engine: Engine) -> None:
         """Bind to ``engine`` and allocate the device buffers (one Telemetry per engine)."""
-        if self.engine is engine:
+        self.bind(engine)
+
+    def bind(self, source: StepSource) -> None:
+        """Bind to the loop's driver (an engine, or a ``LoopObserver``) and allocate the device buffers."""
+        if self.engine is source:
             return
         if self.engine is not None:
-            raise ValueError("this Telemetry is already attached to another MixedPrecision engine; "
-                             "build one Telemetry per engine")
-        self.engine = engine
-        device = engine.device
+            raise ValueError("this Telemetry is already attached to another MixedPrecision engine or observed "
+                             "loop; build one Telemetry per engine (or per ampkit.telemetry.observe(...))")
+        self.engine = source
+        device = source.device
         self.buffer = MetricBuffer(device, self.flush_every)
         self._acc = torch.zeros(3, dtype=self.buffer.dtype, device=device)
         self._nan = torch.full((), math.nan, dtype=torch.float32, device=device)
@@ -144,27 +152,27 @@ class Telemetry(EngineHook):
         self._counter = GradCounter(device)
         self._modules = ModuleAbsmax(device)
         for m in self.monitors:
-            m.bind(engine)
+            m.bind(source)
         self._watch_new_models()
 
     def _watch_new_models(self) -> None:
-        engine = self.engine
-        if engine is None or not self.watch_inputs or len(engine.models) == self._n_models:
+        source = self.engine
+        if source is None or not self.watch_inputs or len(source.models) == self._n_models:
             return
-        self._n_models = len(engine.models)
-        for model in engine.models:
+        self._n_models = len(source.models)
+        for model in source.models:
             if id(model) not in self._watched:
                 self._watched[id(model)] = model.register_forward_pre_hook(self._check_inputs, with_kwargs=True)
 
     def _check_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._closed or not torch.is_grad_enabled():
             return  # evaluation forwards are not part of the step
-        for t in _floating_tensors(args, kwargs):
+        for t in floating_tensors(args, kwargs):
             # min and max in one read; either is inf/NaN iff an element is.
             bounds = torch.stack(torch.aminmax(t.detach().reshape(-1)))
             self._acc[2].add_(torch.isfinite(bounds).all().logical_not())
 
-    # -- engine hooks (hot path: no host sync) ---------------------------------------------------
+    # -- engine hooks: thin calls of the recording API below -------------------------------------------
     @override
     def on_prepare(self, engine: Engine, model: nn.Module) -> None:
         if not self._closed:
@@ -172,6 +180,27 @@ class Telemetry(EngineHook):
 
     @override
     def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+        self.record_loss(loss)
+
+    @override
+    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        # Counted before clipping: on a skipped step clip_grad_norm_ multiplies every gradient by a
+        # NaN coefficient, which would make every element look non-finite.
+        self.count_grads(optimizers)
+
+    @override
+    def before_optimizer_step(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer],
+                              found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        self.begin_step(optimizers, found_inf, grad_norm)
+
+    @override
+    def after_step(self, engine: Engine, result: StepResult,
+                   optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        self.end_step(result.scale, engine.scale)
+
+    # -- recording API (hot path: no host sync) ----------------------------------------------------------
+    def record_loss(self, loss: torch.Tensor) -> None:
+        """Add one micro-batch's loss (unscaled, undivided) to the step being recorded."""
         if self._closed:
             return
         self._watch_new_models()
@@ -181,13 +210,10 @@ class Telemetry(EngineHook):
         self._acc[1].add_(torch.isfinite(value).logical_not())
         self._losses += 1
 
-    @override
-    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        # Counted before clipping: on a skipped step clip_grad_norm_ multiplies every gradient by a
-        # NaN coefficient, which would make every element look non-finite.
-        if self._closed:
-            return
-        self._counts = self._counter.count(self._local_grads(self._params(optimizers)))
+    def count_grads(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Count zero and non-finite gradient elements now (else ``begin_step`` counts them)."""
+        if not self._closed:
+            self._counts = self._counter.count(self._local_grads(self._params(optimizers)))
 
     @staticmethod
     def _local_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -201,50 +227,61 @@ class Telemetry(EngineHook):
         return [p for opt in optimizers for group in opt.param_groups for p in group["params"]
                 if p.grad is not None and p.grad.numel()]
 
-    @override
-    def before_optimizer_step(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer],
-                              found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
-        if self._closed:
+    def begin_step(self, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
+                   grad_norm: torch.Tensor | None, *, grads: bool = True, lr: Any = None) -> None:
+        """Write the step's row: losses, ``found_inf``, norm, clip coefficient, gradient counts, lr.
+
+        ``grads=False`` when the gradients are gone (an observed step that no hook saw):
+        ``nonfinite_grads`` is then None and ``zero_grad_fraction`` NaN.  ``lr`` overrides the
+        learning rate read from ``optimizers[0]``.
+        """
+        source = self.engine
+        if self._closed or source is None:
             return
         r = len(self._meta)
-        params = self._params(optimizers)
-        grads = self._local_grads(params)
+        params = self._params(optimizers) if grads else []
+        local = self._local_grads(params)
         counts, self._counts = self._counts, None
-        zeros, nonfinite = counts if counts is not None else self._counter.count(grads)
+        zeros, nonfinite = (counts if counts is not None else self._counter.count(local)) if grads else (
+            self._nan, self._nan)
         norm = self._nan if grad_norm is None else grad_norm
-        if engine.clip_grad_norm is not None:
-            clip = torch.clamp(engine.clip_grad_norm / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ formula
-        else:
-            clip = self._one
+        max_norm = source.clip_grad_norm
+        clip = self._one if max_norm is None else torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # torch's formula
         row = self.buffer.data[r]
         row[COL["loss_sum"]:COL["found_inf"]].copy_(self._acc)
-        row[COL["found_inf"]:COL["nonfinite_grads"]].copy_(torch.stack([found_inf, norm, clip]))
+        row[COL["found_inf"]:COL["nonfinite_grads"]].copy_(torch.stack([found_inf.float(), norm, clip]))
         row[COL["nonfinite_grads"]:COL["scale"]].copy_(torch.stack([nonfinite, zeros]))
         self._acc.zero_()
-        lr = optimizers[0].param_groups[0].get("lr", math.nan) if optimizers else math.nan
+        if lr is None:
+            lr = optimizers[0].param_groups[0].get("lr", math.nan) if optimizers else math.nan
         if isinstance(lr, torch.Tensor):
             row[COL["lr"]].copy_(lr, non_blocking=True)
             lr = None
-        step = engine.optimizer_steps + 1
-        meta = _StepMeta(step=step, losses=self._losses, numel=sum(g.numel() for g in grads),
+        step = source.optimizer_steps + 1
+        meta = StepMeta(step=step, losses=self._losses, numel=sum(g.numel() for g in local),
                          lr=None if lr is None else float(lr), watched=bool(self._watched))
         self._losses = 0
         every = self.module_absmax_every
-        if every and (step - 1) % every == 0 and grads:
+        if every and (step - 1) % every == 0 and local:
             slot = sum(1 for m in self._meta if m.module_slot is not None)
-            values, present = self._modules.compute(params, grads, engine.models)
+            values, present = self._modules.compute(params, local, source.models)
             self.buffer.module_row(slot, len(values))[: len(values)].copy_(values)
             meta.module_slot, meta.module_names, meta.module_present = slot, self._modules.names, present
         self._pending = meta
 
-    @override
-    def after_step(self, engine: Engine, result: StepResult,
-                   optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def end_step(self, scale: torch.Tensor | None, next_scale: torch.Tensor,
+                 found_inf: torch.Tensor | None = None) -> None:
+        """Write the scale used and the scale after the update (and a final ``found_inf``); commit the row.
+
+        Flushes when ``flush_every`` rows are pending.
+        """
         if self._closed or self._pending is None:
             return
         row = self.buffer.data[len(self._meta)]
-        used = result.scale if result.scale is not None else self._one
-        row[COL["scale"]:COL["lr"]].copy_(torch.stack([used, engine.scale]))
+        used = scale if scale is not None else self._one
+        row[COL["scale"]:COL["lr"]].copy_(torch.stack([used, next_scale]))
+        if found_inf is not None:
+            row[COL["found_inf"]].copy_(found_inf)
         self._meta.append(self._pending)
         self._pending = None
         if len(self._meta) >= self.flush_every:
@@ -264,8 +301,8 @@ class Telemetry(EngineHook):
         slots = sum(1 for m in metas if m.module_slot is not None)
         steps, modules = self.buffer.read(len(metas), slots)
         self._meta = []
-        rank = _rank()
-        records = [_record(meta, values, rank, modules) for meta, values in zip(metas, steps)]
+        rank = current_rank()
+        records = [make_record(meta, values, rank, modules) for meta, values in zip(metas, steps)]
         events: list[AlarmEvent] = []
         for rec in records:
             fired = [e for e in (m.observe(rec) for m in self.monitors) if e is not None]
@@ -362,36 +399,8 @@ class Telemetry(EngineHook):
                 f"module_absmax_every={self.module_absmax_every}, alarms={[a.name for a in self.alarms]})")
 
 
-def _record(meta: _StepMeta, v: list[float], rank: int, modules: list[list[float]]) -> dict[str, Any]:
-    rec: dict[str, Any] = {
-        "step": meta.step,
-        "rank": rank,
-        "loss": v[COL["loss_sum"]] / meta.losses if meta.losses else math.nan,
-        "loss_nonfinite": v[COL["loss_nonfinite"]] > 0,
-        "scale": v[COL["scale"]],
-        "next_scale": v[COL["next_scale"]],
-        "skipped": v[COL["found_inf"]] > 0,
-        "grad_norm": v[COL["grad_norm"]],
-        "clip_coef": v[COL["clip_coef"]],
-        "nonfinite_grads": int(v[COL["nonfinite_grads"]]),
-        "zero_grad_fraction": v[COL["zero_grads"]] / meta.numel if meta.numel else math.nan,
-        "lr": meta.lr if meta.lr is not None else v[COL["lr"]],
-        "input_nonfinite": v[COL["input_nonfinite"]] > 0 if meta.watched else None,
-    }
-    if meta.module_slot is not None and meta.module_names is not None and meta.module_present is not None:
-        row = modules[meta.module_slot]
-        rec["module_grad_absmax"] = {meta.module_names[j]: row[j] for j in meta.module_present}
-    return rec
-
-
 def _close(sink: Sink) -> None:
     sink.close()
-
-
-def _rank() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return int(torch.distributed.get_rank())
-    return 0
 
 
 def _as_sink(obj: Any) -> Sink:
@@ -401,12 +410,3 @@ def _as_sink(obj: Any) -> Sink:
         return CallbackSink(obj)
     raise TypeError(f"Telemetry(sinks=[..., {obj!r}]): a sink must be an ampkit.telemetry Sink (JsonlSink, "
                     "TensorBoardSink, ProgressSink, CallbackSink) or a callable taking one record")
-
-
-def _floating_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """Floating tensors among the positional and keyword inputs, one container level deep."""
-    found: list[torch.Tensor] = []
-    for obj in (*args, *kwargs.values()):
-        items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else (obj,)
-        found.extend(t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel())
-    return found

@@ -11,7 +11,7 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.perf import low_precision_speed
-from ampkit.findings import Finding, scale_collapse
+from ampkit.findings import Finding, scale_collapse, scheduler_stepped_on_skip
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.context import Context
@@ -102,15 +102,9 @@ def _scheduler_on_skip(ctx: Context) -> None:
     if not hits or ctx.optim.scheduler_steps < 0.5 * max(1, ctx.iteration):
         return  # an epoch-level scheduler after a skipped last step is not worth a warning
     location = ctx.locations.get("scheduler_step")
+    message, fix = scheduler_stepped_on_skip(len(hits), hits[0])
     ctx.ledger.add(
-        "SCHEDULER_STEPPED_ON_SKIP", key=location,
-        message=(
-            f"the LR scheduler stepped after {len(hits)} optimizer steps that the GradScaler skipped "
-            f"(first at step {hits[0]}): the schedule ran {len(hits)} steps ahead of the parameter updates "
-            "(warm-up shortened, decay started early)"
-        ),
-        fix=("step the scheduler only when the optimizer stepped: `scale = scaler.get_scale(); scaler.update(); "
-             "if scaler.get_scale() >= scale: scheduler.step()` (or ampkit's mp.scheduler_step(scheduler, result))"),
+        "SCHEDULER_STEPPED_ON_SKIP", key=location, message=message, fix=fix,
         location=location, step=hits[0], evidence={"skipped_scheduler_steps": len(hits), "steps": hits[:32]},
     )
 
