@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -29,3 +30,16 @@ def test_doctor_observers_clip_after_unscale_is_clean_and_before_is_not() -> Non
     assert [f.code for f in bad.ledger.findings()] == ["CLIP_BEFORE_UNSCALE"]
     assert good.ledger.findings() == []
     assert bad.iteration == good.iteration == 2
+
+
+def test_doctor_observers_scaler_records_how_it_was_built_and_why_it_is_off() -> None:
+    def build() -> None:
+        torch.amp.GradScaler("cpu")
+        torch.amp.GradScaler("cpu", enabled=False)
+        with pytest.warns(FutureWarning):
+            torch.cuda.amp.GradScaler()
+
+    infos = observe(build).scalers.infos
+    assert [i.built_as for i in infos] == ["torch.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.GradScaler"]
+    cuda_off = None if torch.cuda.is_available() else "no_cuda"
+    assert [i.off_reason() for i in infos] == [None, "enabled_false", cuda_off]

@@ -99,7 +99,9 @@ class CheckpointWatch:
     def _latent(self) -> None:
         """Info: the checkpoint lacks the state of a scaler that only this machine turns off (no CUDA)."""
         off = [i for i in self.scalers.infos if i.off_reason() in ("no_cuda", "device")]
-        for e in self._saves_without_scaler() if off else []:
+        if not off or any(i.state_taken for i in off):
+            return  # a disabled scaler's state_dict() is {}: asking for it is the sign it is saved
+        for e in self._saves_without_scaler():
             self.state.ledger.add(
                 "CHECKPOINT_MISSING_SCALER", key=("latent", e.location), severity="info",
                 message=(
