@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 torch.manual_seed(0)
-num_timesteps, batch_size, train_steps, save_every = 100, 16, 6, 3
+num_timesteps, batch_size, train_steps, save_every = 100, 128, 6, 3
 betas = torch.linspace(1e-4, 0.02, num_timesteps)
 alphas_cumprod = torch.cumprod(1.0 - betas, dim=0).to(device)
 
@@ -22,56 +22,39 @@ def timestep_embedding(t, dim):
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
-class ResBlock(nn.Module):
-    def __init__(self, ch, tdim):
-        super().__init__()
-        self.norm1, self.conv1 = nn.GroupNorm(4, ch), nn.Conv2d(ch, ch, 3, padding=1)
-        self.temb = nn.Linear(tdim, ch)
-        self.norm2, self.conv2 = nn.GroupNorm(4, ch), nn.Conv2d(ch, ch, 3, padding=1)
-
-    def forward(self, x, temb):
-        h = self.conv1(F.silu(self.norm1(x))) + self.temb(temb)[:, :, None, None]
-        return x + self.conv2(F.silu(self.norm2(h)))
-
-
-class TinyUNet(nn.Module):
-    def __init__(self, ch=16, tdim=32):
+class Denoiser(nn.Module):
+    def __init__(self, hidden=128, tdim=32):
         super().__init__()
         self.tdim = tdim
-        self.time_mlp = nn.Sequential(nn.Linear(tdim, tdim), nn.SiLU(), nn.Linear(tdim, tdim))
-        self.inc = nn.Conv2d(1, ch, 3, padding=1)
-        self.down = nn.Conv2d(ch, 2 * ch, 3, stride=2, padding=1)
-        self.mid = ResBlock(2 * ch, tdim)
-        self.up = nn.ConvTranspose2d(2 * ch, ch, 2, stride=2)
-        self.dec = ResBlock(ch, tdim)
-        self.out = nn.Conv2d(ch, 1, 3, padding=1)
+        self.time_mlp = nn.Sequential(nn.Linear(tdim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+        self.inp = nn.Linear(2, hidden)
+        self.blocks = nn.ModuleList(
+            [nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.SiLU()) for _ in range(3)])
+        self.out = nn.Linear(hidden, 2)
 
     def forward(self, x, t):
-        temb = self.time_mlp(timestep_embedding(t, self.tdim))
-        h1 = self.inc(x)
-        h = self.mid(self.down(h1), temb)
-        h = self.dec(self.up(h) + h1, temb)
+        h = self.inp(x) + self.time_mlp(timestep_embedding(t, self.tdim))
+        for block in self.blocks:
+            h = h + block(h)
         return self.out(h)
 
 
-def sample_images(n):
-    """8x8 images of bright squares at random places, scaled to [-1, 1]."""
-    imgs = torch.full((n, 1, 8, 8), -1.0)
-    corners = torch.randint(0, 5, (n, 2))
-    for i, (r, c) in enumerate(corners.tolist()):
-        imgs[i, :, r:r + 3, c:c + 3] = 1.0
-    return imgs.to(device)
+def sample_spiral(n):
+    """Points on a noisy 2-D spiral, scaled to about [-1, 1]."""
+    theta = math.pi / 2 + 3 * math.pi * torch.rand(n)
+    points = torch.stack([theta * torch.cos(theta), theta * torch.sin(theta)], dim=1) / 10.0
+    return (points + 0.02 * torch.randn(n, 2)).to(device)
 
 
-model = TinyUNet().to(device)
-optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)
+model = Denoiser().to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 scaler = torch.amp.GradScaler(device.type)
 ckpt_dir = tempfile.mkdtemp(prefix="ddpm-")
 for step in range(train_steps):
-    x0 = sample_images(batch_size)
+    x0 = sample_spiral(batch_size)
     t = torch.randint(0, num_timesteps, (batch_size,), device=device)
     noise = torch.randn_like(x0)
-    a = alphas_cumprod[t].view(-1, 1, 1, 1)
+    a = alphas_cumprod[t].view(-1, 1)
     xt = a.sqrt() * x0 + (1.0 - a).sqrt() * noise
     with torch.autocast(device_type=device.type, dtype=torch.float16):
         pred = model(xt, t)

@@ -60,7 +60,10 @@ def requested_flags(namespace: Mapping[str, Any]) -> dict[str, str]:
             inner = {name: value}
             name = ""
         for key, v in inner.items():
-            flag = _flag(key, v)
+            try:
+                flag = _flag(key, v)
+            except Exception:  # a script's own object with odd __eq__/__bool__ must not cost the report
+                continue
             if flag is not None:
                 out[f"{name}.{key}" if name else key] = flag
     return out
@@ -211,7 +214,7 @@ def _scaler_off(ctx: Context, info: ScalerInfo, trained: str | None, device: str
         turn_on = _turn_on_scaler(device, autocast_there=trained == "mixed")
     else:
         actual = ("scaler.scale(loss) returned the loss unscaled and no step was checked for inf/NaN; "
-                  + _fp32_actual(ctx.forwards.total))
+                  + (_fp32_actual(ctx.forwards.total) if trained else "no model forward was observed"))
         turn_on = _turn_on_scaler(device, autocast_there=False)
     message, fix = mixed_precision_off(
         f"the {info.built_as} built at {info.location} (device {info.device!r}, enabled=True)", actual, why, turn_on)
@@ -242,8 +245,13 @@ def _no_autocast(ctx: Context, flags: Mapping[str, str], device: str) -> None:
         turn_on = "run the forward and the loss inside it: `with ctx: loss = model(x, y)`"
     elif switched_off:
         where = switched_off[0].location
-        why = f"the autocast at {where} is built with enabled=False, while the other settings ask for it"
-        turn_on = "drive autocast's enabled= from the same switch as the scaler and the dtype setting"
+        why = (f"the autocast at {where} is built with enabled=False"
+               + (" and so is the GradScaler" if any(i.off_reason() == "enabled_false" for i in infos) else "")
+               + (f", although {next(iter(flags))} asks for mixed precision" if flags else ""))
+        setting = f"`enabled={next(iter(flags))}`" if flags else "the switch that asks for it"
+        turn_on = (f"derive enabled= from the setting itself ({setting}), not from a condition that is false on "
+                   f"this machine (such as a device check): on {device}, fp16 autocast runs with "
+                   f"torch.amp.GradScaler({device!r}), and bf16 autocast needs no scaler")
     else:
         where = infos[0].location if infos else None
         why = (f"no autocast was built for {device!r}, the device the model runs on: the script autocasts only "
