@@ -221,6 +221,14 @@ class Engine:
         Call it once per loss; several losses per step are fine.  Keyword arguments go to
         ``Tensor.backward`` (``retain_graph``, ``inputs``).
         """
+        self.scale_loss(loss).backward(**backward_kwargs)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Everything ``backward`` does before ``.backward()``; returns the tensor to run it on.
+
+        For a framework that runs backward itself (a Lightning precision plugin): the hooks see
+        ``loss``, the non-finite flag is recorded, and the result is divided and scaled.
+        """
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"mp.backward(loss) needs a tensor, got {type(loss).__name__}")
         if self.precision.autocast_enabled and torch.is_autocast_enabled(self.device.type):
@@ -239,7 +247,7 @@ class Engine:
             # step is skipped too.  A few scalar kernels, no host sync.
             bad = (~torch.isfinite(loss.detach())).any().to(device=self.device, dtype=torch.float32)
             self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
-        self.scaler.scale(loss).backward(**backward_kwargs)
+        return self.scaler.scale(loss)
 
     def step(self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> _hooks.StepResult:
         """Count one micro-batch; at the boundary unscale, clip, step or skip, update, zero_grad."""
