@@ -184,6 +184,31 @@ def test_ampkit_precision_keep_fp32_runs_module_in_fp32() -> None:
     assert dtypes == {"0": torch.float16, "2": torch.float32}
 
 
+class ManualTiny(Tiny):
+    """Manual optimization: Lightning runs training_step (and so manual_backward) inside autocast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(super().training_step(batch, batch_idx))
+        opt.step()
+
+
+def test_ampkit_precision_manual_optimization_steps_through_the_engine() -> None:
+    model, plugin = ManualTiny(), AmpkitPrecision("16-mixed", scaler=DynamicLossScaler(init_scale=2.0**10))
+    before = model.net[0].weight.detach().clone()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*inside mp.autocast.*")
+        trainer = _fit(model, 3, plugins=[plugin])
+    assert plugin.engine is not None and plugin.engine.optimizer_steps == trainer.global_step == 3
+    assert set(model.output_dtypes) == {torch.float16}
+    assert not torch.equal(model.net[0].weight, before)
+
+
 def test_ampkit_callback_one_record_per_optimizer_step_without_changing_training() -> None:
     def stock() -> StockMixedPrecision:
         return StockMixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10))
