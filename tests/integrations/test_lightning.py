@@ -209,6 +209,16 @@ def test_ampkit_precision_manual_optimization_steps_through_the_engine() -> None
     assert not torch.equal(model.net[0].weight, before)
 
 
+def test_ampkit_precision_refuses_strategy_with_its_own_precision() -> None:
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    class DeepSpeedStrategy(SingleDeviceStrategy):  # detected by its class name, as the real one
+        pass
+
+    with pytest.raises(RuntimeError, match="does not run under DeepSpeedStrategy.*AmpkitCallback"):
+        _fit(Tiny(), 1, plugins=[AmpkitPrecision("bf16-mixed")], strategy=DeepSpeedStrategy(device="cpu"))
+
+
 def test_ampkit_callback_one_record_per_optimizer_step_without_changing_training() -> None:
     def stock() -> StockMixedPrecision:
         return StockMixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10))
