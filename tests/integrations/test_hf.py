@@ -142,3 +142,23 @@ def test_callback_resume_with_a_lost_scale_is_a_finding(checkpoint: Path, tmp_pa
     cb = _resume(checkpoint, tmp_path / "run", drop_scaler=True)
     lost = [f for f in cb.findings if f.code == "CHECKPOINT_MISSING_SCALER"]
     assert len(lost) == 1 and lost[0].evidence["saved_scale"] == 2.0**13 and lost[0].evidence["resumed_scale"] == 2.0**10
+
+
+@pytest.mark.slow
+def test_callback_under_torchrun_two_ranks_write_one_record_file_each(tmp_path: Path) -> None:
+    import json
+    import os
+
+    from ampkit.distributed import launch_torchrun
+
+    here = Path(__file__).parent
+    root = Path(__file__).parents[2]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(here), str(root), os.environ.get("PYTHONPATH", "")) if p),
+           "OMP_NUM_THREADS": "1"}
+    result = launch_torchrun(2, "hf_ddp_script", [str(tmp_path)], 240.0, env=env, log_dir=tmp_path / "logs",
+                             backend="gloo")
+    assert result.ok, result.describe()
+    for rank in (0, 1):
+        lines = (tmp_path / f"records.rank{rank}.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+        assert {json.loads(line)["rank"] for line in lines} == {rank}
