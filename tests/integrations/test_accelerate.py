@@ -14,11 +14,11 @@ from torch import nn
 
 pytest.importorskip("accelerate")
 
-from accelerate import Accelerator  # noqa: E402
+from accelerate import Accelerator
 
-from ampkit.integrations.accelerate import StrategyWarning, Watcher, strategy_of, watch  # noqa: E402
-from ampkit.integrations.preflight import PrecisionInEffect  # noqa: E402
-from ampkit.telemetry import Telemetry  # noqa: E402
+from ampkit.integrations.accelerate import StrategyWarning, Watcher, strategy_of, watch
+from ampkit.integrations.preflight import PrecisionInEffect
+from ampkit.telemetry import Telemetry
 
 
 def _loop(*, schedule: str, bad_step: int = 3, steps: int = 6, give_scaler: bool = True) -> tuple[list[dict], Any]:
@@ -150,3 +150,12 @@ def test_import_ampkit_loads_no_training_framework() -> None:
             "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["accelerate_loop.py", "hf_trainer.py"])
+def test_examples_run_to_exit_0(name: str) -> None:
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "examples" / name
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -12,12 +12,12 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from transformers import TrainerCallback  # noqa: E402
+from transformers import TrainerCallback
 
-from ampkit.integrations.hf import STATE_FILE, AmpkitCallback  # noqa: E402
-from ampkit.telemetry import LossNonFiniteAlarm, Telemetry  # noqa: E402
+from ampkit.integrations.hf import STATE_FILE, AmpkitCallback
+from ampkit.telemetry import LossNonFiniteAlarm, Telemetry
 
-from .hf_helpers import forbid_sync_in_ampkit, nan_at_call, tiny_gpt2, trainer  # noqa: E402
+from .hf_helpers import forbid_sync_in_ampkit, nan_at_call, tiny_gpt2, trainer
 
 
 @pytest.fixture(scope="module")

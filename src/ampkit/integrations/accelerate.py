@@ -152,6 +152,10 @@ class Watcher:
     def add_finding(self, finding: Finding) -> None:
         self._findings.append(finding)
 
+    def record_loss(self, loss: torch.Tensor) -> None:
+        """Record a micro-batch's loss when the model does not return it (``LoopObserver.record_loss``)."""
+        self.observer.record_loss(loss)
+
     def poll(self) -> None:
         """Close the step the loop has moved past (no device read; see ``LoopObserver.poll``)."""
         self.observer.poll()
