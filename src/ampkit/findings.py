@@ -25,6 +25,7 @@ __all__ = [
     "Cause",
     "Finding",
     "Severity",
+    "mixed_precision_off",
     "nonfinite_input",
     "scale_collapse",
     "scheduler_stepped_on_skip",
@@ -58,6 +59,7 @@ CODES: dict[str, Severity] = {
     "SLOW_LOW_PRECISION": "warning",
     "NORM_STATS_NONFINITE": "error",
     "PRECISION_LOSS": "warning",
+    "MIXED_PRECISION_OFF": "warning",
 }
 
 
@@ -162,4 +164,25 @@ def scheduler_stepped_on_skip(count: int, first: int) -> tuple[str, str]:
                "(warm-up shortened, decay started early)")
     fix = ("step the scheduler only when the optimizer stepped: `scale = scaler.get_scale(); scaler.update(); "
            "if scaler.get_scale() >= scale: scheduler.step()` (or ampkit's mp.scheduler_step(scheduler, result))")
+    return message, fix
+
+
+def mixed_precision_off(requested: str, actual: str, reason: str, turn_on: str) -> tuple[str, str]:
+    """MIXED_PRECISION_OFF's message and fix: mixed precision the code asked for is not in effect.
+
+    ``requested`` names what asked for it (the object and where it was built, or a framework's
+    setting), ``actual`` what ran instead, ``reason`` why it is off, and ``turn_on`` how to turn
+    on what the code already has (not how to add something new).
+
+    >>> message, fix = mixed_precision_off(
+    ...     "TrainingArguments(fp16=True)", "the model trained in fp32",
+    ...     "fp16 mixed precision needs a CUDA device and this machine has none",
+    ...     "pass bf16=True instead of fp16=True on CPU (no loss scaling needed)")
+    >>> message
+    'TrainingArguments(fp16=True) asks for mixed precision, but it is not in effect: fp16 mixed precision needs a CUDA device and this machine has none. What ran: the model trained in fp32'
+    >>> fix.startswith("pass bf16=True") and fix.endswith("training in fp32 is intended")
+    True
+    """
+    message = f"{requested} asks for mixed precision, but it is not in effect: {reason}. What ran: {actual}"
+    fix = f"{turn_on}; or remove the request if training in fp32 is intended"
     return message, fix

@@ -155,7 +155,7 @@ def _report_script(args: argparse.Namespace, report: Any) -> int:
     how = f"ended by {_ENDED_WORDS[report.ended]}; findings so far" if report.partial else "findings"
     print(f"\nampkit doctor: {report.script} ran {report.steps} optimizer step(s), exit status "
           f"{report.exit_status}; {len(report.findings)} finding(s) ({how})", file=sys.stdout)
-    render_terminal(report.findings, file=sys.stdout)
+    render_terminal(report.findings, file=sys.stdout, note=report.mixed_precision.get("summary"))
     if report.steps == 0 and report.tasks and not args.as_module:
         print(f"ampkit doctor: {args.target} ran as a script and trained nothing, but it defines the task "
               f"{report.tasks[0]!r}. To diagnose the task, run: ampkit doctor {args.target}:{report.tasks[0]}",

@@ -28,3 +28,13 @@ def test_output_terminal_with_rich_keeps_brackets() -> None:
     f = Finding(code="PRECISION_LOSS", severity="warning", message="keep_fp32=['x'] [bold]", fix="f")
     render_terminal([f], file=buf, color=True)
     assert "keep_fp32=['x'] [bold]" in buf.getvalue()
+
+
+def test_output_terminal_summary_ends_with_the_note_instead_of_a_bare_no_findings() -> None:
+    buf = io.StringIO()
+    render_terminal([], file=buf, note="the run trained entirely in fp32")
+    assert buf.getvalue().strip() == "ampkit doctor: no findings; the run trained entirely in fp32"
+    buf = io.StringIO()
+    render_terminal([Finding(code="MIXED_PRECISION_OFF", severity="warning", message="m", fix="f")], file=buf,
+                    color=True, note="fp32")
+    assert buf.getvalue().strip().endswith("1 finding (1 warning); fp32")

@@ -16,21 +16,26 @@ _TAGS = {"error": "ERROR", "warning": "WARN ", "info": "INFO "}
 _RICH_STYLE = {"error": "bold white on red", "warning": "bold black on yellow", "info": "bold white on blue"}
 
 
-def render_terminal(findings: Sequence[Finding], file: IO[str] | None = None, *, color: bool | None = None) -> None:
-    """Print ``findings`` worst first, then a one-line summary.
+def render_terminal(findings: Sequence[Finding], file: IO[str] | None = None, *, color: bool | None = None,
+                    note: str | None = None) -> None:
+    """Print ``findings`` worst first, then a one-line summary that ends with ``note`` when given
+    (a run that trained entirely in fp32 says so, rather than a bare "no findings").
 
     >>> import io
     >>> buf = io.StringIO()
     >>> render_terminal([Finding(code="PRECISION_LOSS", severity="warning", message="m", fix="f")], file=buf)
     >>> "PRECISION_LOSS" in buf.getvalue() and "1 warning" in buf.getvalue()
     True
+    >>> render_terminal([], file=buf, note="the run trained entirely in fp32")
+    >>> buf.getvalue().splitlines()[-1]
+    'ampkit doctor: no findings; the run trained entirely in fp32'
     """
     out = file if file is not None else sys.stdout
     ordered = sort_findings(list(findings))
     use_rich = color if color is not None else (hasattr(out, "isatty") and out.isatty())
     if use_rich:
         try:
-            _render_rich(ordered, out)
+            _render_rich(ordered, out, note)
             return
         except ImportError:
             pass
@@ -40,18 +45,19 @@ def render_terminal(findings: Sequence[Finding], file: IO[str] | None = None, *,
         print(f"{head}  {where}" if where else head, file=out)
         print(f"        {f.message}", file=out)
         print(f"        fix: {f.fix}", file=out)
-    print(_summary(ordered), file=out)
+    print(_summary(ordered, note), file=out)
 
 
-def _summary(findings: Sequence[Finding]) -> str:
+def _summary(findings: Sequence[Finding], note: str | None = None) -> str:
+    tail = f"; {note}" if note else ""
     if not findings:
-        return "ampkit doctor: no findings"
+        return f"ampkit doctor: no findings{tail}"
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
     text = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
-    return f"ampkit doctor: {len(findings)} finding{'s' if len(findings) != 1 else ''} ({text})"
+    return f"ampkit doctor: {len(findings)} finding{'s' if len(findings) != 1 else ''} ({text}){tail}"
 
 
-def _render_rich(findings: Sequence[Finding], out: IO[str]) -> None:
+def _render_rich(findings: Sequence[Finding], out: IO[str], note: str | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
 
@@ -61,4 +67,4 @@ def _render_rich(findings: Sequence[Finding], out: IO[str]) -> None:
                       f"[cyan]{escape(finding_where(f))}[/]")
         console.print(f"    {escape(f.message)}")
         console.print(f"    [green]fix:[/] {escape(f.fix)}")
-    console.print(escape(_summary(findings)))
+    console.print(escape(_summary(findings, note)))

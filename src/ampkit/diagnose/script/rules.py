@@ -1,16 +1,19 @@
 """End-of-run rules over what the watchers saw: SCALE_COLLAPSE (with its cause),
-SCHEDULER_STEPPED_ON_SKIP, AUTOCAST_INACTIVE, SCALER_WITH_BF16, NORM_STATS_NONFINITE and
-SLOW_LOW_PRECISION (measured on this machine by ``ampkit.diagnose.core.perf``)."""
+SCHEDULER_STEPPED_ON_SKIP, AUTOCAST_INACTIVE, MIXED_PRECISION_OFF (``script.mixed``),
+SCALER_WITH_BF16, NORM_STATS_NONFINITE and SLOW_LOW_PRECISION (measured on this machine by
+``ampkit.diagnose.core.perf``)."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.perf import low_precision_speed
+from ampkit.diagnose.script.mixed import report_mixed_precision_off, scaler_off_too
 from ampkit.findings import Finding, scale_collapse, scheduler_stepped_on_skip
 
 if TYPE_CHECKING:
@@ -21,14 +24,17 @@ __all__ = ["COLLAPSE_STEADY_FRACTION", "finalize", "slow_low_precision"]
 COLLAPSE_STEADY_FRACTION = 0.5
 """A scale that still skips this fraction of the second half of a run never settled."""
 
-def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool = True) -> None:
-    """Evaluate the end-of-run rules into ``ctx.ledger`` (flushes pending reads first)."""
+def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool = True,
+             flags: Mapping[str, str] | None = None) -> None:
+    """Evaluate the end-of-run rules into ``ctx.ledger`` (flushes pending reads first); ``flags``:
+    the script's settings that ask for low precision (``script.mixed.requested_flags``)."""
     ctx.check_norm_stats()
     ctx.pending.flush()
     _scale_collapse(ctx)
     _boundary_overflow(ctx)
     _scheduler_on_skip(ctx)
     _autocast_inactive(ctx, intended)
+    report_mixed_precision_off(ctx, flags or {})
     _scaler_with_bf16(ctx)
     _norm_stats(ctx)
     if measure_speed:
@@ -118,7 +124,8 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
             ctx.ledger.add(
                 "AUTOCAST_INACTIVE", key=("disabled", req.location),
                 message=(f"torch.autocast(device_type={req.device_type!r}, dtype={dtype_name(req.dtype)}) at "
-                         f"{req.location} was disabled by torch because {why}: the forward ran in fp32"),
+                         f"{req.location} was disabled by torch because {why}: the forward ran in fp32"
+                         + (scaler_off_too(ctx) if req.device_type == "cuda" else "")),
                 fix=("build autocast for the device the model runs on: `torch.autocast(device_type=x.device.type, "
                      "dtype=torch.bfloat16)` (on CPU prefer bf16)"),
                 location=req.location, evidence={"device_type": req.device_type, "dtype": dtype_name(req.dtype)},

@@ -38,6 +38,7 @@ from ampkit.diagnose.core.display import sort_findings
 from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
+from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.replay import replay_capture, replay_precision
 from ampkit.diagnose.script.rules import finalize
@@ -74,6 +75,8 @@ class ScriptReport:
     """How a partial run ended (``script.ending.ENDINGS``); None for a normal end, ``sys.exit`` included."""
     tasks: list[str] = field(default_factory=list)
     """Names of the Task instances and classes the script defines (a file meant for ``FILE:attr``)."""
+    mixed_precision: dict[str, Any] = field(default_factory=dict)
+    """Mixed precision asked for versus what ran (``script.mixed.mixed_precision_record``)."""
 
     @property
     def has_errors(self) -> bool:
@@ -112,6 +115,8 @@ class ScriptReport:
         doc = self.result().to_json(self.environment())
         doc["schema"] = SCHEMA
         doc["partial"] = self.partial
+        if self.mixed_precision:
+            doc["mixed_precision"] = self.mixed_precision
         if self.ended is not None:
             doc["ended"] = self.ended
         return doc
@@ -319,7 +324,8 @@ class _Runner:
                   file=sys.stderr)
         if crash is not None:
             self._explain(crash)
-        finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed)
+        flags = requested_flags(self._globals)
+        finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed, flags=flags)
         if (self.checkup and ended not in SIGNAL_EXIT_STATUS and not any(d.has_errors for d in self.diagnoses)
                 and self.ctx.models.last is not None):
             self._replay(self.ctx.models.last, "checkup", self.ctx.models.last.step)
@@ -333,6 +339,7 @@ class _Runner:
             diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.iteration, replays=self.replays,
             device=str(self.ctx.models.last.device) if self.ctx.models.last is not None else None,
             scalers=self._scaler_summary(), ended=ended, tasks=defined_tasks(self._globals),
+            mixed_precision=mixed_precision_record(self.ctx, flags, self.intended),
         )
 
     def _scaler_summary(self) -> list[dict[str, Any]]:

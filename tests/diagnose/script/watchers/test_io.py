@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -42,3 +43,24 @@ def test_doctor_observers_resume_without_scaler_state_is_reported(tmp_path: Path
     [finding] = [f for f in observe(resume).ledger.findings() if f.code == "CHECKPOINT_MISSING_SCALER"]
     assert "no GradScaler state" in finding.message
     assert finding.location is not None and finding.location.endswith(f":{resume.__code__.co_firstlineno + 1}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the 'cuda' GradScaler is off only without CUDA")
+def test_doctor_observers_checkpoint_without_the_state_of_a_scaler_off_here_is_latent_info(tmp_path: Path) -> None:
+    def train(with_scaler_state: bool) -> None:
+        model = nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cuda")   # torch turns it off on this machine
+        scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+        if with_scaler_state:
+            state["scaler"] = scaler.state_dict()
+        torch.save(state, tmp_path / "ckpt.pt")
+
+    [latent] = [f for f in observe(lambda: train(False)).ledger.findings() if f.code == "CHECKPOINT_MISSING_SCALER"]
+    assert latent.severity == "info" and latent.evidence["latent"] is True
+    assert "disabled on this machine (no CUDA device)" in latent.message
+    kept = observe(lambda: train(True)).ledger.findings()
+    assert "CHECKPOINT_MISSING_SCALER" not in {f.code for f in kept}

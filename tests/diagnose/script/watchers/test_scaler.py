@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 from torch import nn
 
@@ -98,3 +99,16 @@ def test_scaler_watch_step_on_a_scaler_that_never_scaled_names_the_other_scaler(
     [finding] = _order_findings(loop)
     assert finding.evidence["variant"] == "other_scaler"
     assert "one scaler for every loss and optimizer" in finding.fix
+
+
+def test_doctor_observers_scaler_records_how_it_was_built_and_why_it_is_off() -> None:
+    def build() -> None:
+        torch.amp.GradScaler("cpu")
+        torch.amp.GradScaler("cpu", enabled=False)
+        with pytest.warns(FutureWarning):
+            torch.cuda.amp.GradScaler()
+
+    infos = observe(build).scalers.infos
+    assert [i.built_as for i in infos] == ["torch.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.GradScaler"]
+    cuda_off = None if torch.cuda.is_available() else "no_cuda"
+    assert [i.off_reason() for i in infos] == [None, "enabled_false", cuda_off]

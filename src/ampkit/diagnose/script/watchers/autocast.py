@@ -41,6 +41,9 @@ class AutocastWatch:
         self.region_stepped: str | None = None
         """Where an optimizer stepped inside the current region (its cached casts are stale)."""
         self.requests: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
+        """Autocast objects entered, by (line, device type, dtype)."""
+        self.built: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
+        """Autocast objects built, entered or not (``entered`` stays 0 here; see ``requests``)."""
 
     def install(self, patches: PatchSet) -> None:
         cls = torch.amp.autocast_mode.autocast
@@ -61,7 +64,11 @@ class AutocastWatch:
                 return
             requested = kwargs.get("enabled", args[2] if len(args) > 2 else True)
             ac._ampkit_requested = bool(requested)
-            ac._ampkit_location = code.caller()
+            ac._ampkit_location = loc = code.caller()
+            key = (loc, str(ac.device), ac.fast_dtype)
+            if key not in self.built:
+                self.built[key] = AutocastRequest(device_type=str(ac.device), dtype=ac.fast_dtype,
+                                                  requested=bool(requested), effective=bool(ac._enabled), location=loc)
         return __init__
 
     def _wrap_enter(self, orig: Callable[..., Any]) -> Callable[..., Any]:

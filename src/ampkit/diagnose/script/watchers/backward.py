@@ -70,6 +70,11 @@ class BackwardWatch:
                     "scale the loss: `scaler = torch.amp.GradScaler(device)`, `scaler.scale(loss).backward()`, "
                     "`scaler.step(optimizer)`, `scaler.update()` (or use ampkit.MixedPrecision('fp16')), "
                     "or train in bf16, which needs no scaling"
+                ) if scaled is None or scaled.kind != "torch" else (
+                    "the loss goes through scaler.scale(), but that GradScaler is off (turned off by torch on "
+                    "this device, or by its enabled= argument): build it for the device the forward runs on "
+                    "with its switch on, `torch.amp.GradScaler(device_type, enabled=True)`, or train in bf16, "
+                    "which needs no scaling"
                 ),
                 location=self.state.frames.caller(), step=self.state.iteration,
             )

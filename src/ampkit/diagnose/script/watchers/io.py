@@ -90,25 +90,51 @@ class CheckpointWatch:
             return out
         return load
 
+    def _saves_without_scaler(self) -> list[_Event]:
+        """Resumable checkpoints (optimizer state) saved without the scaler's, none at the same step."""
+        with_scaler = {e.iteration for e in self.saves if "scaler" in e.contents}
+        return [e for e in self.saves
+                if "optimizer" in e.contents and "scaler" not in e.contents and e.iteration not in with_scaler]
+
+    def _latent(self) -> None:
+        """Info: the checkpoint lacks the state of a scaler that only this machine turns off (no CUDA)."""
+        off = [i for i in self.scalers.infos if i.off_reason() in ("no_cuda", "device")]
+        if not off or any(i.state_taken for i in off):
+            return  # a disabled scaler's state_dict() is {}: asking for it is the sign it is saved
+        for e in self._saves_without_scaler():
+            self.state.ledger.add(
+                "CHECKPOINT_MISSING_SCALER", key=("latent", e.location), severity="info",
+                message=(
+                    f"torch.save at {e.location} writes a resumable checkpoint ({', '.join(sorted(e.contents))} "
+                    f"state) without the GradScaler state. The {off[0].built_as} created at {off[0].location} is "
+                    f"disabled on this machine{' (no CUDA device)' if off[0].off_reason() == 'no_cuda' else ''}, so nothing is "
+                    "lost here; where it is active "
+                    "(on a GPU) a resumed run restarts at init_scale and skips steps until the scale falls back"
+                ),
+                fix="save and restore the scaler with the rest: `ckpt['scaler'] = scaler.state_dict()` and, "
+                    "on resume, `scaler.load_state_dict(ckpt['scaler'])`",
+                location=e.location, step=e.iteration,
+                evidence={"contents": sorted(e.contents), "latent": True, "off_reason": off[0].off_reason()},
+            )
+
     def finalize(self) -> None:
         scalers = self.scalers.enabled_infos()
         if not scalers:
+            self._latent()
             return
         located = scalers[0].location
-        with_scaler = {e.iteration for e in self.saves if "scaler" in e.contents}
-        for e in self.saves:
-            if "optimizer" in e.contents and "scaler" not in e.contents and e.iteration not in with_scaler:
-                self.state.ledger.add(
-                    "CHECKPOINT_MISSING_SCALER", key=e.location,
-                    message=(
-                        f"torch.save at {e.location} writes a resumable checkpoint ({', '.join(sorted(e.contents))} "
-                        f"state) without the GradScaler state while a GradScaler (created at {located}) is in "
-                        "use: a resumed run restarts at init_scale and skips steps until the scale falls back"
-                    ),
-                    fix="save and restore the scaler with the rest: `ckpt['scaler'] = scaler.state_dict()` and, "
-                        "on resume, `scaler.load_state_dict(ckpt['scaler'])` (ampkit.save_checkpoint does both)",
-                    location=e.location, step=e.iteration, evidence={"contents": sorted(e.contents)},
-                )
+        for e in self._saves_without_scaler():
+            self.state.ledger.add(
+                "CHECKPOINT_MISSING_SCALER", key=e.location,
+                message=(
+                    f"torch.save at {e.location} writes a resumable checkpoint ({', '.join(sorted(e.contents))} "
+                    f"state) without the GradScaler state while a GradScaler (created at {located}) is in "
+                    "use: a resumed run restarts at init_scale and skips steps until the scale falls back"
+                ),
+                fix="save and restore the scaler with the rest: `ckpt['scaler'] = scaler.state_dict()` and, "
+                    "on resume, `scaler.load_state_dict(ckpt['scaler'])` (ampkit.save_checkpoint does both)",
+                location=e.location, step=e.iteration, evidence={"contents": sorted(e.contents)},
+            )
         loaded_state = any(i.state_loaded for i in scalers)
         for e in self.loads:
             if "optimizer" in e.contents and "scaler" not in e.contents:

@@ -62,6 +62,25 @@ class ScalerInfo:
     state_loaded: bool = False
     saw_bf16: bool = False
     saw_fp16: bool = False
+    built_as: str = "torch.amp.GradScaler"
+    """The class the script built, as it would spell it (``torch.cuda.amp.GradScaler``)."""
+
+    def off_reason(self) -> str | None:
+        """Why the scaler is off: ``no_cuda`` or ``device`` (torch turned off a scaler the code enabled),
+        ``enabled_false`` (the code's own switch), or None when it is on."""
+        if self.enabled:
+            return None
+        if not self.requested:
+            return "enabled_false"
+        return "no_cuda" if self.device == "cuda" and not torch.cuda.is_available() else "device"
+
+
+def _spelling(cls: type) -> str:
+    """A GradScaler class as a script spells it (torch's own under its public path)."""
+    for public in ("torch.cuda.amp", "torch.amp"):
+        if cls.__module__.startswith(public + "."):
+            return f"{public}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class ScalerWatch:
@@ -78,6 +97,8 @@ class ScalerWatch:
         self.scaled_overflow: set[int] = set()
         """Iterations where loss × scale overflowed the loss's low-precision dtype."""
         self.ampkit_scaled = 0
+        self.ampkit_enabled = False
+        """An ampkit loss scaler that scaled a loss was enabled."""
         self.direct_steps = 0
         """optimizer.step() calls outside scaler.step since the last update."""
 
@@ -126,6 +147,7 @@ class ScalerWatch:
                 location=self.state.frames.caller(), device=str(sc._device), requested=bool(requested),
                 enabled=bool(sc._enabled), init_scale=float(kwargs.get("init_scale", args[1] if len(args) > 1
                                                                        else 2.0**16)),
+                built_as=_spelling(type(sc)),
             ))
         return __init__
 
@@ -166,6 +188,7 @@ class ScalerWatch:
             out = orig(sc, loss)
             self.ampkit_scaled += 1
             enabled = bool(getattr(sc, "enabled", False))
+            self.ampkit_enabled |= enabled
             self._register(loss, out, sc.scale_tensor(loss.device).clone() if enabled else None, enabled, "ampkit")
             return out
         return scale
