@@ -40,7 +40,10 @@ from ampkit.telemetry.gradscaler import GradScalerView
 from ampkit.telemetry.schedule import SchedulerLog, SchedulerOnSkipAlarm, SchedulerOnSkipMonitor
 from ampkit.telemetry.spec import make_telemetry
 
-__all__ = ["LoopObserver", "observe"]
+__all__ = ["LoopObserver", "StepEnd", "loss_of", "observe"]
+
+StepEnd = Callable[[int, torch.Tensor | None, torch.Tensor | None], None]
+"""``on_step(step, scale, found_inf)``: called when a step is closed, with device tensors (no host read)."""
 
 
 class LoopObserver:
@@ -59,18 +62,23 @@ class LoopObserver:
         scheduler: the LR scheduler the loop steps; checked for ``SCHEDULER_STEPPED_ON_SKIP``.
         clip_grad_norm: the max norm the loop clips to, for ``clip_coef`` (None: 1.0).
         on_event: receives the alarms' requests (``HookEvent(kind="replay")``); returns True when served.
+        on_step: called as ``on_step(step, scale, found_inf)`` when a step is closed (the scale the step
+            used and the summed ``found_inf``, device tensors or None); framework integrations feed the
+            live doctor from it.
     """
 
     def __init__(self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
                  scaler: Any = None, telemetry: Any = True, model: nn.Module | Sequence[nn.Module] | None = None,
                  scheduler: Any = None, clip_grad_norm: float | None = None,
-                 on_event: Callable[[HookEvent], bool | None] | None = None) -> None:
+                 on_event: Callable[[HookEvent], bool | None] | None = None,
+                 on_step: StepEnd | None = None) -> None:
         self.optimizers = _optimizers(optimizers)
         self._view = GradScalerView(scaler)
         self.scaler = scaler
         self.models: list[nn.Module] = [] if model is None else [model] if isinstance(model, nn.Module) else list(model)
         self.clip_grad_norm = clip_grad_norm
         self.on_event = on_event
+        self.on_step = on_step
         self.optimizer_steps = 0
         """Steps closed so far (applied or skipped)."""
         self.should_stop = False
@@ -116,6 +124,15 @@ class LoopObserver:
         self._tick()
         if not self._begun:
             self._begin(grad_norm if grad_norm is not None else self._norm())
+
+    def poll(self) -> None:
+        """Close the step if the loop has moved past it (its ``scaler.update()`` or ``optimizer.step()`` ran).
+
+        A host event without any device read: a framework callback that runs after the step (and
+        after the scheduler's step) calls it, so the step's record and alarms need not wait for the
+        next forward.
+        """
+        self._tick()
 
     def flush(self) -> list[dict[str, Any]]:
         """Read the closed steps (one host sync), run the alarms, write the sinks; return the records."""
@@ -171,7 +188,7 @@ class LoopObserver:
     def _on_output(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._explicit_loss or self._closed or not torch.is_grad_enabled():
             return
-        loss = _loss_of(output)
+        loss = loss_of(output)
         if loss is not None:
             self.telemetry.record_loss(loss)
 
@@ -236,12 +253,15 @@ class LoopObserver:
             self._begin(None, grads=False, lr=self._lr)
         found = GradScalerView.found_inf(token, self.optimizers, self.device)
         scale = self._view.scale()
+        used = self._scale_used
         if self._schedule is not None:
             self._schedule.note(self.optimizer_steps + 1)  # before end_step: it may flush this step
         self._guard(lambda: self.telemetry.end_step(self._scale_used, self._one if scale is None else scale,
                                                     found))
         self.optimizer_steps += 1
         self._reset_iteration()
+        if self.on_step is not None:
+            self.on_step(self.optimizer_steps, used, found)
 
     def _guard(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -270,7 +290,8 @@ class LoopObserver:
 def observe(optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *, scaler: Any = None,
             telemetry: Any = True, model: nn.Module | Sequence[nn.Module] | None = None, scheduler: Any = None,
             clip_grad_norm: float | None = None,
-            on_event: Callable[[HookEvent], bool | None] | None = None) -> LoopObserver:
+            on_event: Callable[[HookEvent], bool | None] | None = None,
+            on_step: StepEnd | None = None) -> LoopObserver:
     """Record every optimizer step of a loop ampkit does not drive (see ``LoopObserver`` and docs/telemetry.md).
 
     >>> import torch, ampkit.telemetry
@@ -288,7 +309,7 @@ def observe(optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
     ([1, 2, 3], False, 0.1)
     """
     return LoopObserver(optimizers, scaler=scaler, telemetry=telemetry, model=model, scheduler=scheduler,
-                        clip_grad_norm=clip_grad_norm, on_event=on_event)
+                        clip_grad_norm=clip_grad_norm, on_event=on_event, on_step=on_step)
 
 
 def _optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
@@ -298,7 +319,7 @@ def _optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
     return opts
 
 
-def _loss_of(output: Any) -> torch.Tensor | None:
+def loss_of(output: Any) -> torch.Tensor | None:
     """The scalar loss a forward returned: the output itself, ``output.loss`` or ``output["loss"]``."""
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", output)
     if isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point():

@@ -1,0 +1,3 @@
+"""The torchrun script is run by torchrun, never imported by pytest."""
+
+collect_ignore = ["hf_ddp_script.py"]
