@@ -30,7 +30,7 @@ def _require(name: str) -> None:
     pytest.importorskip(_REQUIRES[name.split("_", 1)[0]])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _doctor(script: str) -> tuple[int, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "doctor.json"
