@@ -221,15 +221,25 @@ class Engine:
         Call it once per loss; several losses per step are fine.  Keyword arguments go to
         ``Tensor.backward`` (``retain_graph``, ``inputs``).
         """
-        if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"mp.backward(loss) needs a tensor, got {type(loss).__name__}")
-        if self.precision.autocast_enabled and torch.is_autocast_enabled(self.device.type):
+        in_autocast = self.precision.autocast_enabled and torch.is_autocast_enabled(self.device.type)
+        if in_autocast and isinstance(loss, torch.Tensor):
             self._warn_once(
                 "backward_in_autocast",
                 "mp.backward() was called inside mp.autocast(): backward ops run in the dtype their "
                 "forward ops chose, so autocast gains nothing here and may cast more; move the "
                 "backward call out of the `with mp.autocast():` block",
             )
+        self.scale_loss(loss).backward(**backward_kwargs)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Everything ``backward`` does before ``.backward()``; returns the tensor to run it on.
+
+        For a framework that runs backward itself (a Lightning precision plugin): the hooks see
+        ``loss``, the non-finite flag is recorded, and the result is divided and scaled.  No
+        warning for a call inside autocast: the framework, not the user, places that call.
+        """
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"mp.backward(loss) needs a tensor, got {type(loss).__name__}")
         for hook in self._hooks:
             hook.on_backward(self, loss)
         if self.grad_accumulation > 1:
@@ -239,7 +249,7 @@ class Engine:
             # step is skipped too.  A few scalar kernels, no host sync.
             bad = (~torch.isfinite(loss.detach())).any().to(device=self.device, dtype=torch.float32)
             self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
-        self.scaler.scale(loss).backward(**backward_kwargs)
+        return self.scaler.scale(loss)
 
     def step(self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> _hooks.StepResult:
         """Count one micro-batch; at the boundary unscale, clip, step or skip, update, zero_grad."""
