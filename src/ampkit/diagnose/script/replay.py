@@ -12,11 +12,15 @@ tell a fixed forward from a broken one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.watchers.model import Capture
 from ampkit.diagnose.step.api import diagnose_program
 from ampkit.diagnose.step.programs import OutputGradProgram
@@ -24,7 +28,7 @@ from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.diagnose.step.session import RngSnapshot, Session
 from ampkit.precision import Precision
 
-__all__ = ["replay_capture", "replay_precision"]
+__all__ = ["framework_autocast_off", "replay_capture", "replay_precision"]
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -64,10 +68,51 @@ def replay_capture(cap: Capture, *, intended: str | None = None, step: int | Non
     with cap.running_stats_before():
         session = Session(cap.root, program, precision, user_paths=tuple(user_paths), rng=rng)
     try:
-        return diagnose_program(cap.root, program, precision, step=step, bisect=bisect,
-                                user_paths=user_paths, session=session)
+        with framework_autocast_off(cap.entered_inside):
+            return diagnose_program(cap.root, program, precision, step=step, bisect=bisect,
+                                    user_paths=user_paths, session=session)
     finally:
         session.close()
+
+
+@contextlib.contextmanager
+def framework_autocast_off(markers: Sequence[Any]) -> Iterator[None]:
+    """Make the autocast entries a framework put inside the model's forward (``Capture.entered_inside``)
+    no-ops while the replay runs: the replay applies that autocast around the forward itself, and its
+    FP32 shadow and keep-fp32 trials must be able to switch it off, which a wrapper that re-enters
+    autocast inside ``forward`` would undo (Accelerate's ``convert_outputs_to_fp32(autocast(forward))``)."""
+    if not markers:
+        yield
+        return
+    instances = {id(m) for m in markers if not isinstance(m, tuple)}
+    lines = {m for m in markers if isinstance(m, tuple)}
+    skipped: dict[int, int] = {}
+    patches = PatchSet()
+
+    def enter(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def __enter__(ac: Any) -> Any:
+            frame = sys._getframe(1)
+            if id(ac) in instances or (frame.f_code.co_filename, frame.f_lineno) in lines:
+                skipped[id(ac)] = skipped.get(id(ac), 0) + 1
+                return None
+            return orig(ac)
+        return __enter__
+
+    def exit_(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def __exit__(ac: Any, *exc: Any) -> Any:
+            if skipped.get(id(ac), 0) > 0:
+                skipped[id(ac)] -= 1
+                return False
+            return orig(ac, *exc)
+        return __exit__
+
+    cls = torch.amp.autocast_mode.autocast
+    patches.wrap(cls, "__enter__", enter)
+    patches.wrap(cls, "__exit__", exit_)
+    try:
+        yield
+    finally:
+        patches.restore()
 
 
 def _usable(grad: torch.Tensor | None, out: torch.Tensor, scale: float) -> torch.Tensor | None:

@@ -5,6 +5,7 @@ Each wrapper does a little Python bookkeeping and calls the original."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,9 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
+
+_DECORATOR_FILE = torch.amp.autocast_mode.__file__
+"""Where ``@torch.autocast(...)`` enters its instance (``autocast_decorator``)."""
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.state import WatchState
@@ -74,8 +78,9 @@ class AutocastWatch:
     def _wrap_enter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def __enter__(ac: Any) -> Any:
             out = orig(ac)
+            # per entry: a decorator's instance is entered again after a replay that ran it paused
+            ac._ampkit_paused = self.state.paused
             if self.state.paused:
-                ac._ampkit_paused = True
                 return out
             self.depth += 1
             if self.depth == 1:
@@ -92,6 +97,8 @@ class AutocastWatch:
                     location=loc,
                 )
             req.entered += 1
+            if ac._enabled:
+                self._note_framework_entry(ac)
             return out
         return __enter__
 
@@ -103,6 +110,16 @@ class AutocastWatch:
                 if not getattr(ac, "_ampkit_paused", False):
                     self.depth = max(0, self.depth - 1)
         return __exit__
+
+    def _note_framework_entry(self, ac: Any) -> None:
+        """An autocast entered by framework code (not a line of the script) inside a model's forward
+        is the precision that forward ran in; one frame lookup per enabled entry."""
+        frame = sys._getframe(2)
+        name = frame.f_code.co_filename
+        if self.state.frames.is_user(name) or name == __file__:
+            return
+        marker = ac if name == _DECORATOR_FILE else (name, frame.f_lineno)
+        self.state.models.on_autocast_enter(str(ac.device), ac.fast_dtype, marker)
 
     def any_enabled(self) -> bool:
         return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda") if torch.amp.is_autocast_available(d))

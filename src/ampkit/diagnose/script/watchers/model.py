@@ -67,6 +67,11 @@ class Capture:
     """Autograd was recording during this forward (False under ``torch.no_grad``/``inference_mode``)."""
     training: bool = True
     """The model was in train mode (``model.eval()`` sets False)."""
+    entered_inside: list[Any] = field(default_factory=list)
+    """Markers of the framework autocast that this forward entered itself (Accelerate wraps
+    ``model.forward`` in one): ``autocast`` instances used as decorators, ``(file, line)`` of other
+    entries.  ``autocast_enabled``/``autocast_dtype`` then describe it; a replay applies that
+    autocast around the whole forward and switches these entries off (``script.replay``)."""
 
     @property
     def low_precision(self) -> torch.dtype | None:
@@ -318,6 +323,16 @@ class ModelWatch:
         self.captures.append(cap)
         self.last = cap
         self._on_root_forward(cap)
+
+    def on_autocast_enter(self, device_type: str, dtype: torch.dtype, marker: Any) -> None:
+        """Framework code entered an enabled autocast: when a root forward that started with autocast
+        off for its device is running, that forward runs under it (Accelerate's wrapped forward)."""
+        cap = self._pending
+        if cap is None or self.paused or cap.autocast_enabled or device_type != cap.device.type:
+            return
+        cap.autocast_enabled, cap.autocast_dtype = True, dtype
+        cap.other_autocast = ()
+        cap.entered_inside.append(marker)
 
     # -- backward -----------------------------------------------------------------------------
     def on_backward(self, tensors: list[torch.Tensor], loss: torch.Tensor, scale: torch.Tensor | None) -> None:
