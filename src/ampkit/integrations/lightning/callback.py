@@ -99,13 +99,13 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         if self.watcher is None:
             return
-        loss = loss.detach().float()
+        value = loss.detach().float()
         scale = self._view.scale()
         if scale is not None:
-            loss = loss / scale  # the stock plugin scaled it before this hook
+            value = value / scale  # the stock plugin scaled it before this hook
         if pl_module.automatic_optimization and self._accumulate > 1:
-            loss = loss * self._accumulate  # Lightning divided it for accumulation
-        self.watcher.observer.record_loss(loss)
+            value = value * self._accumulate  # Lightning divided it for accumulation
+        self.watcher.record_loss(value, backward=loss)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
