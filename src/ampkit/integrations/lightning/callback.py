@@ -14,6 +14,11 @@ scheduler.  Then, per optimizer step:
   ``"stop"`` sets ``trainer.should_stop``: training ends after the batch whose step fired it;
 * ``teardown``: the last step is closed, the records flushed and every hook removed.
 
+Without a scaler the stock plugins call ``optimizer.step(closure)``: forward and backward run inside
+the step, and the observer begins the step's record when its gradients are ready.  With
+``doctor=True`` the live doctor captures the inputs of the LightningModule's own forward
+(``self(x)`` in ``training_step``) and the loss given to ``on_before_backward``.
+
 Its state (step count, the alarms' running state) is in the checkpoint (``state_dict``).
 """
 
