@@ -40,12 +40,14 @@ class Tiny(pl.LightningModule):
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
         self.fused, self.scheduler, self.inf_at, self.nan_loss_at = fused, scheduler, inf_at, nan_loss_at
         self.output_dtypes: list[torch.dtype] = []
+        self.losses: list[float] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         out = self.net(x)
         self.output_dtypes.append(out.dtype)
         loss = (out.float() - y).pow(2).mean()
+        self.losses.append(loss.item())
         return loss * math.nan if batch_idx == self.nan_loss_at else loss
 
     def on_after_backward(self) -> None:
@@ -235,11 +237,93 @@ def test_ampkit_callback_one_record_per_optimizer_step_without_changing_training
     _assert_same_params(watched, plain)
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_ampkit_callback_records_each_step_with_its_own_loss_and_gradients(precision: str) -> None:
+    # Without a scaler the stock plugins call optimizer.step(closure): forward and backward run inside the step.
+    records: list[dict[str, Any]] = []
+    model = Tiny()
+    _fit(model, 3, precision=precision, callbacks=[AmpkitCallback(telemetry=Telemetry([records.append]))])
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["loss"] for r in records] == pytest.approx(model.losses, rel=1e-6)
+    assert all(r["grad_norm"] > 0 and r["nonfinite_grads"] == 0 for r in records)
+
+
 def test_ampkit_callback_stop_alarm_ends_training() -> None:
     callback = AmpkitCallback(telemetry=Telemetry(flush_every=1, alarms=[LossNonFiniteAlarm(action="stop")]))
     trainer = _fit(Tiny(nan_loss_at=2), 8, callbacks=[callback])
     assert callback.stop_event is not None and callback.stop_event.alarm == "LOSS_NONFINITE"
-    assert trainer.global_step < 8
+    assert trainer.global_step == 3  # the batch whose step fired the alarm is the last one
+
+
+class FindingsAtFirstBatch(pl.Callback):
+    """Snapshots the AmpkitCallback's finding codes when the first batch starts (before step 1)."""
+
+    def __init__(self, watched: AmpkitCallback) -> None:
+        self.watched, self.codes = watched, None
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.codes is None:
+            self.codes = [f.code for f in self.watched.findings]
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "bf16-mixed"])
+def test_ampkit_callback_preflight_reports_bf16_params_before_step_1(precision: str) -> None:
+    model = Tiny()
+    if precision == "bf16-mixed":
+        model = model.to(torch.bfloat16)  # as if loaded from a bf16 checkpoint; "-true" converts it itself
+    callback = AmpkitCallback()
+    probe = FindingsAtFirstBatch(callback)
+    _fit(model, 1, precision=precision, callbacks=[callback, probe])
+    assert probe.codes == ["LOW_PRECISION_PARAMS"]
+    assert callback.findings[0].evidence["dtypes"] == ["bf16"]
+
+
+def test_ampkit_callback_preflight_quiet_for_fp32_params_under_bf16_mixed() -> None:
+    callback = AmpkitCallback()
+    probe = FindingsAtFirstBatch(callback)
+    _fit(Tiny(), 1, precision="bf16-mixed", callbacks=[callback, probe])
+    assert probe.codes == []
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+class LogNet(pl.LightningModule):
+    """training_step calls ``self(x)``; ``take_log`` of a negative input is NaN (every value finite before it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 4)
+        self.take_log = Log()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.take_log(self.fc(x).abs() + x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).float().mean()
+
+    def configure_optimizers(self) -> Any:
+        # lr 0: the NaN step leaves the weights as they were, so the replay runs the failing step's weights
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_ampkit_callback_doctor_replays_nonfinite_loss_step_and_names_the_module() -> None:
+    x = torch.ones(6, 4)
+    x[2:4] = -1e3  # the second batch: finite data whose log is NaN
+    loader = DataLoader(TensorDataset(x), batch_size=2)
+    callback = AmpkitCallback(doctor=True)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, precision="bf16-mixed",
+                         callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(num_workers|LeafSpec).*")
+        trainer.fit(LogNet(), loader)
+    nan = [f for f in callback.findings if f.code == "FORWARD_NAN"]
+    assert nan and nan[0].module == "take_log" and nan[0].step == 2
+    assert nan[0].evidence["replay_reason"] == "non-finite loss"
 
 
 def test_ampkit_callback_refuses_ampkit_precision() -> None:

@@ -11,6 +11,7 @@ the precision the framework used.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from ampkit.engine import Engine
 
 __all__ = ["LoopDoctor"]
+
+log = logging.getLogger("ampkit.doctor")
 
 
 class _LoopEngine:
@@ -55,6 +58,10 @@ class LoopDoctor:
         self._engine = _LoopEngine(model, Precision.parse(precision, device), grad_accumulation)
         self.doctor.on_attach(self._as_engine)
         self._handle = model.register_forward_hook(self._on_output)
+        self._explicit_loss = False
+        self._forwards = 0
+        self._warned = False
+        self._name = type(model).__name__
 
     @property
     def _as_engine(self) -> Engine:
@@ -68,8 +75,25 @@ class LoopDoctor:
     def step_end(self, step: int, scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
         """The observer closed ``step``: hand the doctor its result (it replays the step if it failed)."""
         self._engine.optimizer_steps = step
+        if self._forwards == 0 and not self._warned:
+            # The replay re-runs the captured forward calls: with none there is nothing to replay.
+            self._warned = True
+            log.warning("ampkit doctor: %s's forward was not called during step %d, so a failing step cannot be "
+                        "replayed; call the model itself (self(x) in a LightningModule's training_step, not only "
+                        "its submodules) so the doctor captures its inputs", self._name, step)
+        self._forwards = 0
         result = StepResult(boundary=True, found_inf=found_inf, scale=scale, optimizer_step=step)
         self.doctor.after_step(self._as_engine, result, [])
+
+    def record_loss(self, loss: torch.Tensor) -> None:
+        """The loss the framework backpropagates, when the model's forward does not return it.
+
+        Pass the tensor itself (not detached): the doctor walks its graph to the casts that consume
+        the model's outputs.  From then on losses returned by the forward are not taken as well.
+        """
+        self._explicit_loss = True
+        if torch.is_grad_enabled():
+            self.doctor.on_backward(self._as_engine, loss)
 
     def on_event(self, event: HookEvent) -> bool | None:
         """A telemetry alarm's request (action ``"doctor"``): replay the last step."""
@@ -80,6 +104,10 @@ class LoopDoctor:
         self.doctor.close()
 
     def _on_output(self, module: nn.Module, args: Any, output: Any) -> None:
+        if torch.is_grad_enabled():
+            self._forwards += 1
+        if self._explicit_loss:
+            return
         loss = loss_of(output)
         if loss is not None and torch.is_grad_enabled():
             self.doctor.on_backward(self._as_engine, loss)

@@ -152,9 +152,15 @@ class Watcher:
     def add_finding(self, finding: Finding) -> None:
         self._findings.append(finding)
 
-    def record_loss(self, loss: torch.Tensor) -> None:
-        """Record a micro-batch's loss when the model does not return it (``LoopObserver.record_loss``)."""
-        self.observer.record_loss(loss)
+    def record_loss(self, loss: torch.Tensor, *, backward: torch.Tensor | None = None) -> None:
+        """Record a micro-batch's loss when the model does not return it (``LoopObserver.record_loss``).
+
+        ``backward``: the tensor the loop backpropagates (scaled or divided, graph attached), for the
+        doctor, which walks its graph; None: ``loss``.  Telemetry keeps ``loss`` detached.
+        """
+        self.observer.record_loss(loss.detach())
+        if self.doctor is not None:
+            self.doctor.record_loss(backward if backward is not None else loss)
 
     def poll(self) -> None:
         """Close the step the loop has moved past (no device read; see ``LoopObserver.poll``)."""

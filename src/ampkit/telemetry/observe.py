@@ -198,6 +198,15 @@ class LoopObserver:
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._closed:
             return
+        if (args and callable(args[0])) or callable(kwargs.get("closure")):
+            # optimizer.step(closure) (Lightning's stock plugins without a scaler, LBFGS): the
+            # iteration's forward and backward run inside the step, after this hook, so the step
+            # begins at grads_ready() or in the post-hook, with this iteration's gradients.
+            self._closure_step = True
+            return
+        self._open_step(opt)
+
+    def _open_step(self, opt: torch.optim.Optimizer) -> None:
         if not self._view.active and id(opt) in self._stepped:
             self._close_step(None)  # no scaler: a second step of this optimizer starts the next iteration
         self._tick(from_step=True)
@@ -210,11 +219,14 @@ class LoopObserver:
             self._begin(norm)
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._closure_step and not self._closed:
+            self._closure_step = False
+            self._open_step(opt)
         self._done = True
 
     # -- step bookkeeping ------------------------------------------------------------------------------------
     def _reset_iteration(self) -> None:
-        self._begun = self._done = False
+        self._begun = self._done = self._closure_step = False
         self._stepped: set[int] = set()
         self._scale_used: torch.Tensor | None = None
         self._lr: Any = None

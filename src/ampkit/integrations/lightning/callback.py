@@ -1,18 +1,23 @@
 """``AmpkitCallback``: ampkit telemetry for a Lightning run that keeps Lightning's own precision plugin.
 
 Observe-only: nothing in the step changes.  At ``on_fit_start`` the callback builds an
-``ampkit.telemetry.observe`` observer on the Trainer's optimizers, the stock plugin's
-``torch.amp.GradScaler`` (``"16-mixed"`` on a GPU; none for bf16 and fp32), the LightningModule
-and its step-interval scheduler.  Then, per optimizer step:
+``ampkit.integrations.accelerate.Watcher`` (pre-flight findings, an ``ampkit.telemetry.observe``
+observer, the live doctor) on the Trainer's optimizers, the stock plugin's ``torch.amp.GradScaler``
+(``"16-mixed"`` on a GPU; none for bf16 and fp32), the LightningModule and its step-interval
+scheduler.  Then, per optimizer step:
 
 * ``on_before_backward``: the loss, unscaled (the stock plugin hands the hook the scaled loss
   divided by ``accumulate_grad_batches``; undone on the device, no host read);
 * ``on_before_optimizer_step``: the gradients, when they are unscaled there (after the stock
   plugin's ``unscale_``, before Lightning clips them: the norm before clipping);
-* ``on_train_batch_end``: an alarm with action ``"stop"`` sets ``trainer.should_stop``.  A step
-  is closed at the next host event (the next forward or backward), so training ends one batch
-  after the step that fired the alarm;
+* ``on_train_batch_end``: the step is closed (no device read) and an alarm with action
+  ``"stop"`` sets ``trainer.should_stop``: training ends after the batch whose step fired it;
 * ``teardown``: the last step is closed, the records flushed and every hook removed.
+
+Without a scaler the stock plugins call ``optimizer.step(closure)``: forward and backward run inside
+the step, and the observer begins the step's record when its gradients are ready.  With
+``doctor=True`` the live doctor captures the inputs of the LightningModule's own forward
+(``self(x)`` in ``training_step``) and the loss given to ``on_before_backward``.
 
 Its state (step count, the alarms' running state) is in the checkpoint (``state_dict``).
 """
@@ -27,11 +32,17 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from typing_extensions import override
 
+from ampkit.findings import Finding
+from ampkit.integrations.accelerate import Watcher, strategy_of
 from ampkit.integrations.lightning.precision import AmpkitPrecision
-from ampkit.telemetry import AlarmEvent, LoopObserver, observe
+from ampkit.integrations.preflight import PrecisionInEffect
+from ampkit.telemetry import AlarmEvent
 from ampkit.telemetry.gradscaler import GradScalerView
 
 __all__ = ["AmpkitCallback"]
+
+# trainer.precision -> the dtype autocast (or the weights, for "-true") run in.
+_ACTUAL = {"16-mixed": "fp16", "bf16-mixed": "bf16", "16-true": "fp16", "bf16-true": "bf16"}
 
 
 class AmpkitCallback(Callback):  # type: ignore[misc]
@@ -40,8 +51,8 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
     Args:
         telemetry: a ``Telemetry`` (with its alarms and sinks), a list of sinks, a ``*.jsonl``
             path, or True (alarms only): the forms of ``MixedPrecision(telemetry=...)``.
-        doctor: accepted for symmetry with the Hugging Face callback; a failing step is not
-            replayed here (run ``ampkit doctor script.py`` on the script instead).
+        doctor: replay a failing step through the live doctor, with the precision the Trainer runs
+            (the doctor captures the LightningModule's own forward).
 
     With ``AmpkitPrecision`` the engine records the same telemetry itself: pass
     ``AmpkitPrecision(..., telemetry=...)`` instead of this callback.
@@ -50,11 +61,12 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
     def __init__(self, telemetry: Any = True, doctor: bool = False) -> None:
         self.telemetry_spec = telemetry
         self.doctor = doctor
-        self.observer: LoopObserver | None = None
-        """The observer of the current ``fit`` (None before it starts and after it ends)."""
+        self.watcher: Watcher | None = None
+        """The watcher of the current ``fit`` (None before it starts and after it ends)."""
         self.stop_event: AlarmEvent | None = None
         """The alarm (action ``"stop"``) that ended training, if one did."""
         self._pending_state: dict[str, Any] | None = None
+        self._findings: list[Finding] = []
         self._view = GradScalerView(None)
         self._accumulate = 1
 
@@ -69,39 +81,55 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
         scaler = getattr(plugin, "scaler", None)
         self._view = GradScalerView(scaler)
         self._accumulate = int(trainer.accumulate_grad_batches)
+        # Lightning overwrites the requested precision when it falls back ("16-mixed" on CPU runs
+        # bf16), so what is checked is the precision in effect.
+        actual = _ACTUAL.get(str(trainer.precision), "fp32")
         steps = [c.scheduler for c in trainer.lr_scheduler_configs if c.interval == "step"]
-        self.observer = observe(list(trainer.optimizers), scaler=scaler, telemetry=self.telemetry_spec,
-                                model=pl_module, scheduler=steps[0] if len(steps) == 1 else None,
-                                clip_grad_norm=_norm_clip(trainer))
+        self.watcher = Watcher(
+            pl_module, list(trainer.optimizers), scaler=scaler,
+            precision=PrecisionInEffect(actual, actual, setting=f"Trainer(precision={str(trainer.precision)!r})"),
+            scheduler=steps[0] if len(steps) == 1 else None, telemetry=self.telemetry_spec, doctor=self.doctor,
+            strategy=strategy_of(trainer.strategy, trainer.strategy.model), framework="Lightning",
+            grad_accumulation=self._accumulate, clip_grad_norm=_norm_clip(trainer))
         if self._pending_state is not None:
-            self.observer.load_state_dict(self._pending_state)
+            self.watcher.load_state_dict(self._pending_state)
             self._pending_state = None
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Pre-flight (before step 1), alarm and doctor findings, in the order they were found."""
+        return self.watcher.findings if self.watcher is not None else list(self._findings)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        if self.observer is None:
+        if self.watcher is None:
             return
-        loss = loss.detach().float()
+        value = loss.detach().float()
         scale = self._view.scale()
         if scale is not None:
-            loss = loss / scale  # the stock plugin scaled it before this hook
+            value = value / scale  # the stock plugin scaled it before this hook
         if pl_module.automatic_optimization and self._accumulate > 1:
-            loss = loss * self._accumulate  # Lightning divided it for accumulation
-        self.observer.record_loss(loss)
+            value = value * self._accumulate  # Lightning divided it for accumulation
+        self.watcher.record_loss(value, backward=loss)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
         # A fused optimizer's gradients still carry the scale here (it unscales inside step);
         # the observer's optimizer pre-hook records those.
-        if self.observer is not None and not (self._view.active and getattr(optimizer, "_step_supports_amp_scaling",
-                                                                            False)):
-            self.observer.grads_ready()
+        if self.watcher is not None and not (self._view.active and getattr(optimizer, "_step_supports_amp_scaling",
+                                                                           False)):
+            self.watcher.observer.grads_ready()
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._check_stop(trainer)
+        if self.watcher is None:
+            return
+        self.watcher.poll()  # the step (and the scheduler's step) is over: close it, no device read
+        if self.watcher.should_stop:
+            self.stop_event = self.watcher.observer.stop_event
+            trainer.should_stop = True
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -109,30 +137,26 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
 
     def close(self) -> None:
         """Close the last step, flush the records and remove the hooks (``teardown`` calls it)."""
-        if self.observer is not None:
-            self.observer.close()
-            self.stop_event = self.stop_event or self.observer.stop_event
-            self._pending_state = self.observer.state_dict()
-            self.observer = None
-
-    def _check_stop(self, trainer: pl.Trainer) -> None:
-        if self.observer is not None and self.observer.should_stop:
-            self.stop_event = self.observer.stop_event
-            trainer.should_stop = True
+        if self.watcher is not None:
+            self.watcher.close()
+            self.stop_event = self.stop_event or self.watcher.observer.stop_event
+            self._findings = self.watcher.findings
+            self._pending_state = self.watcher.state_dict()
+            self.watcher = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        if self.observer is not None:
-            return self.observer.state_dict()
+        if self.watcher is not None:
+            return self.watcher.state_dict()
         return dict(self._pending_state or {})
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # Lightning restores callbacks before on_fit_start builds the observer.
+        # Lightning restores callbacks before on_fit_start builds the watcher.
         self._pending_state = dict(state_dict)
 
     def __repr__(self) -> str:
-        return f"AmpkitCallback(observer={self.observer!r})"
+        return f"AmpkitCallback(doctor={self.doctor}, watcher={self.watcher!r})"
 
 
 def _norm_clip(trainer: pl.Trainer) -> float | None:

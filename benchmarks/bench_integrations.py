@@ -1,0 +1,209 @@
+"""Step-time overhead of the framework integrations, measured side by side in one process.
+
+(a) Hugging Face ``Trainer`` with ``ampkit.integrations.hf.AmpkitCallback()`` (defaults: pre-flight
+checks, telemetry with its default alarms, flush every 50 steps) against the same ``Trainer``
+without it.  fp32: on CPU ``TrainingArguments(fp16=True)`` trains in fp32 anyway (Accelerate makes
+no fp16 autocast and no scaler there), so fp32 is what a CPU Trainer run really is, and the
+cheapest step is where a fixed per-step cost weighs most.
+
+(b) Lightning with ``AmpkitPrecision(P)`` (the ampkit engine runs the precision) against stock
+``Trainer(precision=P)``.  P is ``"bf16-mixed"`` when ``ampkit env`` reports fast bf16 on this CPU
+(AVX512-BF16 or AMX): both then do the same bf16 autocast.  On a CPU without fast bf16, bf16 is
+about 20x slower and its kernels would swamp both; P is then ``"32-true"`` on both sides, which
+measures the plugin's own bookkeeping (no autocast, no scaler).  Stock ``"16-mixed"`` is not a
+fair reference on CPU: Lightning runs it as bf16 without a scaler, while ``AmpkitPrecision("16-mixed")``
+runs real fp16 with loss scaling.
+
+Model: a 2-layer GPT-2 config (d=128, 4 heads, sequence 128, vocabulary 512, batch 8, ~0.4M
+parameters), built from the config, nothing downloaded.  Each variant trains its own copy (same
+init, same batches).  A framework cannot interleave steps of two runs, so the variants alternate in
+chunks (``--chunk`` steps; the order flips every round): each chunk is one ``train()`` / ``fit()``
+of a fresh Trainer on the same model, and its first ``--warmup`` steps are not timed (setup, first
+allocations).  A timing callback, registered after ampkit's, records ``perf_counter`` at the step's
+begin and end (``on_step_begin``/``on_step_end``, ``on_train_batch_start``/``on_train_batch_end``),
+so the Trainers' setup and the final flush at the end of ``train()`` are outside the timed steps;
+the flushes every 50 steps are inside.  Reported: the ratio of the median step times (target: at
+most 1.03) and, chunk by chunk, the median of the ratios of the chunks' medians.
+
+    python benchmarks/bench_integrations.py [--steps 200] [--chunk 25] [--warmup 2] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ampkit.precision import cpu_has_fast_bf16
+
+SEQ, BATCH, VOCAB = 128, 8, 512
+CONFIG = {"n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": SEQ, "vocab_size": VOCAB,
+          "bos_token_id": 0, "eos_token_id": 0}
+
+
+@dataclass
+class Variant:
+    name: str
+    run_chunk: Callable[[int], None]
+    """Trains ``n`` more steps (one Trainer), appending each step's seconds to ``chunk``."""
+    times: list[float] = field(default_factory=list)
+    chunks: list[float] = field(default_factory=list)
+    """The median step time of each chunk."""
+    chunk: list[float] = field(default_factory=list)
+
+
+def gpt2() -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(**CONFIG))
+
+
+def dataset(n: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+    return [{"input_ids": r, "labels": r.clone()} for r in rows]
+
+
+def hf_variants(steps: int, out: str) -> list[Variant]:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from ampkit.integrations.hf import AmpkitCallback
+
+    data = dataset(BATCH * steps)
+    base = gpt2()
+
+    def variant(name: str, with_ampkit: bool) -> Variant:
+        model = copy.deepcopy(base)
+        v = Variant(name, lambda n: None)
+
+        class Timer(TrainerCallback):  # type: ignore[misc]
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                self.t0 = time.perf_counter()
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                v.chunk.append(time.perf_counter() - self.t0)
+
+        def run_chunk(n: int) -> None:
+            args = TrainingArguments(out, use_cpu=True, report_to=[], max_steps=n, per_device_train_batch_size=BATCH,
+                                     disable_tqdm=True, logging_strategy="no", save_strategy="no", seed=0)
+            callbacks = [AmpkitCallback(), Timer()] if with_ampkit else [Timer()]
+            Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks).train()
+
+        v.run_chunk = run_chunk
+        return v
+
+    return [variant("Trainer, fp32 (baseline)", False), variant("Trainer + ampkit AmpkitCallback", True)]
+
+
+def lightning_variants(steps: int, precision: str) -> list[Variant]:
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from ampkit.integrations.lightning import AmpkitPrecision
+
+    class LitGPT(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return self.model(**batch).loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=3e-4)
+
+    loader = DataLoader(dataset(BATCH * steps), batch_size=BATCH)
+    base = gpt2()
+
+    def variant(name: str, plugin: Callable[[], Any] | None) -> Variant:
+        module = LitGPT(copy.deepcopy(base))
+        v = Variant(name, lambda n: None)
+
+        class Timer(pl.Callback):  # type: ignore[misc]
+            def on_train_batch_start(self, *args: Any) -> None:
+                self.t0 = time.perf_counter()
+
+            def on_train_batch_end(self, *args: Any) -> None:
+                v.chunk.append(time.perf_counter() - self.t0)
+
+        def run_chunk(n: int) -> None:
+            kw: dict[str, Any] = {"plugins": [plugin()]} if plugin is not None else {"precision": precision}
+            trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=n, logger=False, enable_checkpointing=False,
+                                 enable_progress_bar=False, enable_model_summary=False, callbacks=[Timer()], **kw)
+            trainer.fit(module, loader)
+
+        v.run_chunk = run_chunk
+        return v
+
+    return [variant(f"Lightning precision={precision!r} (baseline)", None),
+            variant(f"Lightning AmpkitPrecision({precision!r})", lambda: AmpkitPrecision(precision))]
+
+
+def interleave(variants: list[Variant], steps: int, chunk: int, warmup: int) -> None:
+    rounds = -(-steps // chunk)
+    for r in range(rounds):
+        order = variants if r % 2 == 0 else variants[::-1]
+        for v in order:
+            v.chunk = []
+            v.run_chunk(chunk + warmup)
+            timed = v.chunk[warmup:]
+            v.times.extend(timed)
+            v.chunks.append(statistics.median(timed))
+
+
+def table(title: str, variants: list[Variant]) -> tuple[str, float]:
+    base = variants[0]
+    lines = [f"{title}", "| variant | steps | median step ms | ratio of medians | median chunk ratio |",
+             "|---|---:|---:|---:|---:|"]
+    ratio = 1.0
+    for v in variants:
+        med = statistics.median(v.times)
+        ratio = med / statistics.median(base.times)
+        chunked = statistics.median(c / b for c, b in zip(v.chunks, base.chunks))
+        lines.append(f"| {v.name} | {len(v.times)} | {med * 1e3:.1f} | {ratio:.3f} | {chunked:.3f} |")
+    return "\n".join(lines), ratio
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per variant (>= 200 for the report)")
+    parser.add_argument("--chunk", type=int, default=25, help="timed steps per Trainer before switching variants")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every chunk")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.steps < 20 or args.chunk < 5:
+        parser.error("--steps >= 20 and --chunk >= 5 for a meaningful median")
+    for name in ("lightning", "lightning.pytorch", "lightning.pytorch.utilities.rank_zero", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*(num_workers|LeafSpec|does not have many workers).*")
+    precision = "bf16-mixed" if cpu_has_fast_bf16() else "32-true"
+    total = args.chunk * -(-args.steps // args.chunk)
+    print(f"GPT-2 config {CONFIG}, batch {BATCH}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"{total} timed steps per variant in chunks of {args.chunk} (+{args.warmup} untimed), alternating")
+    with tempfile.TemporaryDirectory() as out:
+        hf = hf_variants(args.chunk + args.warmup, out)
+        interleave(hf, args.steps, args.chunk, args.warmup)
+    lit = lightning_variants(args.chunk + args.warmup, precision)
+    interleave(lit, args.steps, args.chunk, args.warmup)
+    hf_table, hf_ratio = table("(a) Hugging Face Trainer, fp32", hf)
+    lit_table, lit_ratio = table(f"(b) Lightning, {precision}", lit)
+    print(hf_table, lit_table, sep="\n\n")
+    print(f"median step-time ratio: Trainer + AmpkitCallback {hf_ratio:.3f}, AmpkitPrecision {lit_ratio:.3f} "
+          "(target <= 1.03)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
