@@ -207,6 +207,8 @@ class _Runner:
             if codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW"}:
                 self.ctx.reclassify(failure.iteration, "nonfinite_loss" if failure.cause == "nonfinite_loss"
                                     else "nonfinite_forward")
+            elif any(f.code == "BACKWARD_OVERFLOW" and "singularity" in f.evidence for f in result.findings):
+                self.ctx.reclassify(failure.iteration, "gradient_singularity")
         if failure.cause != "gradient_overflow" or (result is not None and result.has_errors):
             self._settled.add(failure.cause)
 
