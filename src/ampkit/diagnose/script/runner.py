@@ -219,8 +219,9 @@ class _Runner:
         * non-finite loss: the forward whose output is non-finite; when all outputs are finite the
           loss code between the models and the loss produced it (a process-level finding);
         * gradient overflow: a forward whose output and incoming gradient are finite (the overflow
-          is inside it); when every incoming gradient is non-finite, the overflow happened between
-          the outputs and the loss, in code no replay of a model can show.
+          is inside it); else a forward whose output holds inf/NaN that the finite loss ignored
+          (masked positions); when every incoming gradient is non-finite, the overflow happened
+          between the outputs and the loss, in code no replay of a model can show.
         """
         if failure.cause == "nonfinite_data":
             return next((c for c in reversed(caps) if any(not bool(torch.isfinite(x).all())
@@ -234,6 +235,9 @@ class _Runner:
             ok = [c for c in reversed(caps) if c.outputs_finite() and c.grads_finite() is not False]
             if ok:
                 return ok[0]
+            masked = next((c for c in reversed(caps) if not c.outputs_finite()), None)
+            if masked is not None:
+                return masked  # its forward went non-finite where the loss does not look (masked positions)
             self._boundary_overflow(caps[-1], failure)
             return None
         return None

@@ -151,9 +151,9 @@ def _nan_finding_text(p: Producer, log: TraceLog | None, where: str, tail: str, 
     """FORWARD_NAN's code, message and fix, by cause (``ampkit.diagnose.step.nanorigin``)."""
     rec = p.record
     cause = nan_cause(log, rec) if log is not None else ("other" if p.kind == "nan_from_inf" else "negative_domain")
-    what, advice = nan_text(cause, p.out_dtype)
-    evidence["cause"] = cause
     source = inf_source(log, rec) if log is not None and p.kind == "nan_from_inf" else None
+    what, advice = nan_text(cause, p.out_dtype, source)
+    evidence["cause"] = cause
     fed = ""
     if source is not None:
         evidence["inf_source"] = source.to_json()

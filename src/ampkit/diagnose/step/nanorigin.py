@@ -129,7 +129,8 @@ _TEXT: dict[str, tuple[str, str]] = {
         "Fix the overflow that produced the +inf (compute the logits in fp32, or scale q by 1/sqrt(d) before "
         "the matmul); the softmax itself is fine once its inputs are finite."),
     "inf_minus_inf": (
-        "inf − inf (an add/subtract/sum of +inf and −inf)",
+        "inf − inf (infinities that cancel in an add, subtract or sum, e.g. a row max of −inf subtracted "
+        "from −inf)",
         "Keep both operands finite: compute them in fp32, or clamp each at torch.finfo(dtype).min/max "
         "before combining them."),
     "zero_times_inf": (
@@ -150,9 +151,16 @@ _TEXT: dict[str, tuple[str, str]] = {
 }
 
 
-def nan_text(cause: str, dtype: str | None) -> tuple[str, str]:
-    """(what happened, the fix) for a NaN of ``cause`` computed in ``dtype``."""
+_CONSTANT_FIX = ("The inf is a constant written on purpose: mask with torch.finfo(x.dtype).min instead of "
+                 "float('-inf'), so that a fully masked row stays finite, or guard fully masked rows (skip "
+                 "them, or torch.where(row_has_any, x, 0)).")
+
+
+def nan_text(cause: str, dtype: str | None, source: InfSource | None = None) -> tuple[str, str]:
+    """(what happened, the fix) for a NaN of ``cause`` computed in ``dtype``, fed by ``source``."""
     what, fix = _TEXT.get(cause, _TEXT["other"])
     if dtype is not None and cause in ("negative_domain", "zero_over_zero", "other"):
         what = f"{what}, computed in {dtype_name(dtype)}"
+    if source is not None and source.how == "constant" and cause != "masked_row":
+        fix = _CONSTANT_FIX
     return what, fix
