@@ -4,9 +4,14 @@ fp16 has no fast path on this CPU)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from ampkit._util.frames import UserFrames
+from ampkit.diagnose.core.modules import ModuleRecorder
+from ampkit.diagnose.step.trace import OpTracer, TraceLog
 
 
 class RMSNorm(nn.Module):
@@ -135,3 +140,25 @@ def bf16_run(x: torch.Tensor, *extra: torch.Tensor):
         return out.float().pow(2).mean()
 
     return run
+
+
+class Fn(nn.Module):
+    """Runs ``fn`` as a module forward, so the tracer attributes its ops to module ""."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return self.fn(*xs)
+
+
+def trace_fn(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> TraceLog:
+    """The op trace of ``fn(*xs)`` run as the forward of a parameterless module."""
+    model = Fn(fn)
+    with ModuleRecorder(model, stats=False) as rec:
+        tracer = OpTracer(model, rec, user_frames=UserFrames([fn.__code__.co_filename]))
+        with tracer:
+            model(*xs)
+        tracer.finalize()
+    return TraceLog.from_tracer(tracer)
