@@ -217,3 +217,28 @@ def test_replay_doctor_replays_on_a_replay_event_and_close_removes_its_hooks() -
     assert doctor.findings[0].evidence["cause"] == "not_reproduced"
     doctor.close()
     assert doctor._hooked == {} and not model._forward_pre_hooks and not model._forward_hooks
+
+
+class _SelfDistances(nn.Module):
+    """Pairwise distances with an epsilon that is 0 in fp16: sqrt'(0) on the diagonal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.points = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.points(x)
+        d = p[:, None] - p[None]
+        return torch.sqrt((d * d).sum(-1) + 1e-8)
+
+
+def test_replay_scale_collapse_from_a_derivative_singularity_says_so() -> None:
+    model = _SelfDistances()
+    mp = ampkit.MixedPrecision("fp16", device="cpu", doctor=True)
+    mp.prepare(model)
+    mp.doctor.max_replays = 0  # only the explicit replay below
+    _train(model, mp, _batches(1), torch.optim.SGD(model.parameters(), lr=0.01))
+    found = mp.doctor.replay(reason="SCALE_COLLAPSE")
+    (collapse,) = [f for f in found if f.code == "SCALE_COLLAPSE"]
+    assert collapse.evidence["cause"] == "gradient_singularity"
+    assert "overflows at any scale" in collapse.message

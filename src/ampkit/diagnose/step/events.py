@@ -10,7 +10,9 @@ its inputs could not have passed on:
 * the same in backward                    -> BACKWARD_OVERFLOW (classified against the loss
                                              scale by the caller).
 
-Ops that receive a non-finite Python number (``masked_fill(mask, -inf)``) produce it on
+The **NaN birth** (``find_producer(..., nan_only=True)``) is the first op that creates a NaN,
+past any earlier overflow; ``ampkit.diagnose.step.nanorigin`` gives its cause and the inf that
+fed it.  Ops that receive a non-finite Python number (``masked_fill(mask, -inf)``) produce it on
 purpose and are never producers.  Everything downstream of the producer merely passes the
 value on and is not reported.  Tensors entering the computation with a NaN (data, targets)
 or non-finite parameters are NONFINITE_INPUT.
