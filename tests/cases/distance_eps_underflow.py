@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-ATOMS, SPECIES, D, RBF = 10, 5, 32, 16
+ATOMS, SPECIES, D, RBF = 8, 5, 16, 8
 
 
 class Interaction(nn.Module):
@@ -54,7 +54,7 @@ model = EnergyModel().to(device)
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 scaler = torch.amp.GradScaler(device)
 for step in range(16):
-    sl = slice(step * 8, (step + 1) * 8)
+    sl = slice(step * 4, (step + 1) * 4)
     z, pos, target = species[sl].to(device), positions[sl].to(device), energies[sl].to(device)
     with torch.autocast(device_type=device, dtype=torch.float16):
         pred = model(z, pos)

@@ -6,7 +6,7 @@ from torch import nn
 from torch.nn import functional as F
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-FRAMES, SIZE = 4, 16
+FRAMES, SIZE = 4, 8
 
 
 class TurnAngle(nn.Module):
@@ -23,11 +23,11 @@ class HeadingNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.encoder = nn.Sequential(
-            nn.Conv2d(1, 8, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU(),
             nn.AdaptiveAvgPool2d(1), nn.Flatten(),
         )
-        self.head = nn.Linear(16, 2)
+        self.head = nn.Linear(8, 2)
         self.turn = TurnAngle()
 
     def forward(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
