@@ -115,6 +115,19 @@ class MaskedAttention(nn.Module):
         return torch.softmax(scores + mask, dim=-1) @ x
 
 
+class PairDistance(nn.Module):
+    """Pairwise distances of learned 3-d points with an epsilon that is 0 in fp16: sqrt(0) on the diagonal."""
+
+    def __init__(self, d_in: int = 4) -> None:
+        super().__init__()
+        self.points = nn.Linear(d_in, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.points(x)
+        d = p[:, None, :] - p[None, :, :]
+        return torch.sqrt((d * d).sum(-1) + 1e-8)  # LINE: pair-sqrt
+
+
 def line_of(path: str, tag: str) -> int:
     """The line number of the source line carrying ``# LINE: tag``."""
     with open(path) as f:

@@ -11,6 +11,7 @@ from torch import nn
 import ampkit
 from ampkit.diagnose.live import ReplayDoctor
 from ampkit.hooks import HookEvent
+from diagnose import doctor_models as dm
 
 
 def _mlp(dropout: float = 0.0) -> nn.Module:
@@ -219,21 +220,8 @@ def test_replay_doctor_replays_on_a_replay_event_and_close_removes_its_hooks() -
     assert doctor._hooked == {} and not model._forward_pre_hooks and not model._forward_hooks
 
 
-class _SelfDistances(nn.Module):
-    """Pairwise distances with an epsilon that is 0 in fp16: sqrt'(0) on the diagonal."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.points = nn.Linear(8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        p = self.points(x)
-        d = p[:, None] - p[None]
-        return torch.sqrt((d * d).sum(-1) + 1e-8)
-
-
 def test_replay_scale_collapse_from_a_derivative_singularity_says_so() -> None:
-    model = _SelfDistances()
+    model = dm.PairDistance(d_in=8)
     mp = ampkit.MixedPrecision("fp16", device="cpu", doctor=True)
     mp.prepare(model)
     mp.doctor.max_replays = 0  # only the explicit replay below

@@ -6,20 +6,7 @@ import torch
 from torch import nn
 
 from ampkit.diagnose.step.api import diagnose_step
-from diagnose.doctor_models import line_of
-
-
-class PairDistance(nn.Module):
-    """Pairwise distances of learned 2-d points, with an epsilon that is 0 in fp16."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.points = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        p = self.points(x)
-        d = p[:, None, :] - p[None, :, :]
-        return torch.sqrt((d * d).sum(-1) + 1e-8)  # LINE: pair-sqrt
+from diagnose import doctor_models as dm
 
 
 class Turn(nn.Module):
@@ -51,7 +38,7 @@ def _only_error(result):
 
 
 def test_backward_finding_sqrt_at_an_underflowed_zero_overflows_at_any_scale() -> None:
-    result = diagnose_step(PairDistance(), _fp16_mean(torch.randn(5, 4)), precision="fp16", loss_scale=2.0**16,
+    result = diagnose_step(dm.PairDistance(), _fp16_mean(torch.randn(5, 4)), precision="fp16", loss_scale=2.0**16,
                            bisect=False)
     f = _only_error(result)
     assert f.module == ""  # the sqrt runs in the model's own forward, not in its Linear
@@ -60,7 +47,7 @@ def test_backward_finding_sqrt_at_an_underflowed_zero_overflows_at_any_scale() -
     assert f.evidence["forward_op"] == "aten::sqrt" and f.evidence["node"] == "SqrtBackward0"
     assert f.evidence["fp32_gradients_finite"] is True  # fp32 keeps the 1e-8
     assert "overflows at any scale" in f.message and "underflowed to exactly 0 in fp16" in f.message
-    assert f.location is not None and f.location.endswith(f":{line_of(__file__, 'pair-sqrt')}")
+    assert f.location is not None and f.location.endswith(f":{dm.line_of(dm.__file__, 'pair-sqrt')}")
     assert "epsilon inside the sqrt" in f.fix and "fp32" in f.fix
     assert "init_scale" not in f.fix and "not the remedy" in f.fix
 
