@@ -8,10 +8,13 @@ Algorithm (each run happens on a private deep copy, with the same RNG state):
    (``ampkit.diagnose.step.trace``), comparing each module output with the reference on the fly.
 3. **Findings**: an op that raised (DTYPE_MISMATCH / CAST_OVERFLOW); NaN in the data or
    non-finite parameters (NONFINITE_INPUT); the forward producer of the first non-finite value
-   (FORWARD_OVERFLOW, FORWARD_NAN, CAST_OVERFLOW, NORM_STATS_NONFINITE); running statistics
-   that became non-finite; else the backward producer (BACKWARD_OVERFLOW), classified by
+   (FORWARD_OVERFLOW, FORWARD_NAN, CAST_OVERFLOW, NORM_STATS_NONFINITE), and past an overflow
+   the op where the first NaN is born (its own FORWARD_NAN when the fp32 shadow has the same
+   NaN, else named by the overflow); running statistics that became non-finite; else the
+   backward producer (``ampkit.diagnose.step.backward``: BACKWARD_OVERFLOW), classified by
    re-running the backward at scale 1: an overflow that vanishes there is ordinary dynamic
-   loss scaling (info), one that stays is an error; the loss dtype (LOSS_IN_LOW_PRECISION);
+   loss scaling (info), one that stays is an error (a derivative singularity when sqrt, acos
+   ... was evaluated where its derivative is infinite); the loss dtype (LOSS_IN_LOW_PRECISION);
    for a finite step, PRECISION_LOSS and GRADIENT_UNDERFLOW from the shadow comparison.
 4. **Bisection** (``bisect=True``) when a module kept in fp32 could fix the step
    (``ampkit.diagnose.step.bisect``), verified by a final run with the proposed ``keep_fp32``.

@@ -152,7 +152,7 @@ def _nan_finding_text(p: Producer, log: TraceLog | None, where: str, tail: str, 
                       evidence: dict[str, Any]) -> tuple[str, str, str]:
     """FORWARD_NAN's code, message and fix, by cause (``ampkit.diagnose.step.nanorigin``)."""
     rec = p.record
-    cause = nan_cause(log, rec) if log is not None else ("other" if p.kind == "nan_from_inf" else "negative_domain")
+    cause = nan_cause(log, rec) if log is not None else "other"
     source = inf_source(log, rec) if log is not None and p.kind == "nan_from_inf" else None
     what, advice = nan_text(cause, p.out_dtype, source)
     evidence["cause"] = cause
