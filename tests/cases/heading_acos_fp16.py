@@ -1,4 +1,4 @@
-"""A visual-odometry CNN predicting the camera heading of each video frame, fp16 autocast + GradScaler.
+"""A visual-odometry network predicting the camera heading of each video frame, fp16 autocast + GradScaler.
 
 Besides the heading, the model returns the turn between consecutive frames, ``acos`` of the
 cosine of consecutive unit headings, which a smoothness term penalises.  Consecutive frames
@@ -28,12 +28,8 @@ class TurnAngle(nn.Module):
 class HeadingNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = nn.Sequential(
-            nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )
-        self.head = nn.Linear(8, 2)
+        self.encoder = nn.Sequential(nn.Flatten(), nn.Linear(SIZE * SIZE, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
         self.turn = TurnAngle()
 
     def forward(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

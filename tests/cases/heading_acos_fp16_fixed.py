@@ -22,12 +22,8 @@ class TurnAngle(nn.Module):
 class HeadingNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = nn.Sequential(
-            nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )
-        self.head = nn.Linear(8, 2)
+        self.encoder = nn.Sequential(nn.Flatten(), nn.Linear(SIZE * SIZE, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
         self.turn = TurnAngle()
 
     def forward(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
