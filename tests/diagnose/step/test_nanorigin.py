@@ -30,12 +30,14 @@ CASES: list[tuple[str, Callable[..., torch.Tensor], torch.Tensor]] = [
     ("inf_minus_inf", lambda x: (x.half() * 1e4) - (x.half() * 1e4), torch.full((2, 3), 100.0)),
     ("zero_times_inf", lambda x: (x.half() * 1e4) * torch.zeros(2, 3, dtype=torch.float16),
      torch.full((2, 3), 100.0)),
+    ("zero_times_inf", lambda x: torch.nn.functional.conv1d(x[None] * 1e38 * 10, torch.tensor([[[1.0, -1.0]]])),
+     torch.ones(1, 3)),
     ("negative_domain", lambda x: torch.sqrt(x - 1.0), torch.zeros(2, 3)),
     ("zero_over_zero", lambda x: x / x, torch.zeros(2, 3)),
 ]
 
 
-@pytest.mark.parametrize(("cause", "fn", "x"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("cause", "fn", "x"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_nan_cause_tells_the_causes_apart(cause: str, fn: Callable[..., torch.Tensor], x: torch.Tensor) -> None:
     log = trace_fn(fn, x)
     assert nan_cause(log, _birth(log)) == cause
@@ -76,6 +78,7 @@ def test_inf_source_is_none_for_a_nan_from_finite_inputs() -> None:
 
 def test_nan_text_gives_each_cause_its_own_fix() -> None:
     fixes = {cause: nan_text(cause, "float16")[1] for cause, _, _ in CASES}
+    assert len(fixes) == 6
     assert len(set(fixes.values())) == len(fixes)
     assert "torch.finfo" in fixes["masked_row"] and "clamp" in fixes["masked_row"]
     assert "clamp" in fixes["negative_domain"] and "fp32" in fixes["negative_domain"]

@@ -40,7 +40,8 @@ _SOFTMAX = frozenset({"_softmax", "softmax", "_log_softmax", "log_softmax", "log
                       "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu"})
 _ADDITIVE = frozenset({"add", "add_", "sub", "sub_", "rsub", "sum", "mean", "cumsum", "nansum"})
 _PRODUCT = frozenset({"mul", "mul_", "div", "div_", "mm", "bmm", "addmm", "baddbmm", "matmul", "linear",
-                      "einsum", "dot", "mv", "addbmm", "_addmm_activation", "prod"})
+                      "einsum", "dot", "mv", "addbmm", "_addmm_activation", "prod", "convolution",
+                      "_convolution", "conv1d", "conv2d", "conv3d"})
 _DOMAIN = frozenset({"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow", "acos", "asin", "acosh", "atanh",
                      "xlogy", "lgamma", "digamma"})
 
