@@ -139,6 +139,13 @@ SCALE_COLLAPSE_CAUSES: dict[str, Cause] = {
         "find the module with BACKWARD_OVERFLOW (`ampkit doctor`, or MixedPrecision(..., doctor=True)) and keep "
         "it in fp32 (keep_fp32=[...]), reduce the loss's magnitude (mean instead of sum, normalised targets), "
         "or train in bf16"),
+    "gradient_singularity": Cause(
+        "the loss was finite but the backward hit a derivative singularity (sqrt, pow, norm, acos or atan2 "
+        "evaluated where its derivative is infinite, because a small quantity underflowed to 0 in low "
+        "precision): the gradients are inf/NaN at any scale, so the scaler backs off without end",
+        "find the module with BACKWARD_OVERFLOW (`ampkit doctor`, or MixedPrecision(..., doctor=True)) and keep "
+        "that computation in fp32 (keep_fp32=[...], or torch.autocast(..., enabled=False) and .float()), with the "
+        "epsilon inside the sqrt; raising or lowering the loss scale cannot help"),
     "not_reproduced": Cause(
         "the last step replays finite; the collapse came from earlier steps",
         "Inspect the steps before the collapse (telemetry's scale history); a scale that keeps halving with a "

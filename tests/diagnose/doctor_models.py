@@ -4,9 +4,14 @@ fp16 has no fast path on this CPU)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from ampkit._util.frames import UserFrames
+from ampkit.diagnose.core.modules import ModuleRecorder
+from ampkit.diagnose.step.trace import OpTracer, TraceLog
 
 
 class RMSNorm(nn.Module):
@@ -110,6 +115,19 @@ class MaskedAttention(nn.Module):
         return torch.softmax(scores + mask, dim=-1) @ x
 
 
+class PairDistance(nn.Module):
+    """Pairwise distances of learned 3-d points with an epsilon that is 0 in fp16: sqrt(0) on the diagonal."""
+
+    def __init__(self, d_in: int = 4) -> None:
+        super().__init__()
+        self.points = nn.Linear(d_in, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.points(x)
+        d = p[:, None, :] - p[None, :, :]
+        return torch.sqrt((d * d).sum(-1) + 1e-8)  # LINE: pair-sqrt
+
+
 def line_of(path: str, tag: str) -> int:
     """The line number of the source line carrying ``# LINE: tag``."""
     with open(path) as f:
@@ -135,3 +153,25 @@ def bf16_run(x: torch.Tensor, *extra: torch.Tensor):
         return out.float().pow(2).mean()
 
     return run
+
+
+class Fn(nn.Module):
+    """Runs ``fn`` as a module forward, so the tracer attributes its ops to module ""."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return self.fn(*xs)
+
+
+def trace_fn(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> TraceLog:
+    """The op trace of ``fn(*xs)`` run as the forward of a parameterless module."""
+    model = Fn(fn)
+    with ModuleRecorder(model, stats=False) as rec:
+        tracer = OpTracer(model, rec, user_frames=UserFrames([fn.__code__.co_filename]))
+        with tracer:
+            model(*xs)
+        tracer.finalize()
+    return TraceLog.from_tracer(tracer)

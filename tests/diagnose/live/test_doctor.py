@@ -11,6 +11,7 @@ from torch import nn
 import ampkit
 from ampkit.diagnose.live import ReplayDoctor
 from ampkit.hooks import HookEvent
+from diagnose import doctor_models as dm
 
 
 def _mlp(dropout: float = 0.0) -> nn.Module:
@@ -217,3 +218,15 @@ def test_replay_doctor_replays_on_a_replay_event_and_close_removes_its_hooks() -
     assert doctor.findings[0].evidence["cause"] == "not_reproduced"
     doctor.close()
     assert doctor._hooked == {} and not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_replay_scale_collapse_from_a_derivative_singularity_says_so() -> None:
+    model = dm.PairDistance(d_in=8)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", doctor=True)
+    mp.prepare(model)
+    mp.doctor.max_replays = 0  # only the explicit replay below
+    _train(model, mp, _batches(1), torch.optim.SGD(model.parameters(), lr=0.01))
+    found = mp.doctor.replay(reason="SCALE_COLLAPSE")
+    (collapse,) = [f for f in found if f.code == "SCALE_COLLAPSE"]
+    assert collapse.evidence["cause"] == "gradient_singularity"
+    assert "overflows at any scale" in collapse.message

@@ -307,3 +307,68 @@ def test_merge_replayed_findings_keeps_the_where_of_an_explained_exception() -> 
     assert merged.message == ("aten::masked_fill in attn raised; where: an eval forward of `model`; "
                               "call chain: train.py:30 evaluate() -> train.py:9")
     assert merged.evidence["call_chain"] == ["train.py:30 evaluate()", "train.py:9"]
+
+
+def test_doctor_script_replays_a_forward_whose_masked_outputs_went_nan(tmp_path: Path) -> None:
+    script = _write(tmp_path / "masked.py", """
+        import torch
+        from torch import nn
+        class Attend(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q = nn.Linear(4, 4)
+                self.out = nn.Linear(4, 4)
+            def forward(self, x, pad):
+                scores = self.q(x) @ x.transpose(-2, -1)
+                return self.out(scores.masked_fill(pad[:, None, :], float("-inf")).softmax(-1) @ x)
+        torch.manual_seed(0)
+        model = Attend()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        pad = torch.tensor([[False, False, True], [True, True, True]])   # the second sequence is empty
+        for step in range(2):
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(torch.randn(2, 3, 4), pad)
+            loss = out[0].float().mean()          # the empty sequence is left out of the loss
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    """)
+    report = run_script(script, measure_speed=False)
+    codes = {f.code: f for f in report.findings}
+    assert "BACKWARD_OVERFLOW" not in codes  # not "between the model and the loss": the forward made the NaN
+    assert codes["FORWARD_NAN"].step == 0 and codes["FORWARD_NAN"].evidence["cause"] == "masked_row"
+
+
+def test_doctor_script_scale_collapse_from_a_derivative_singularity_names_it(tmp_path: Path) -> None:
+    script = _write(tmp_path / "dist.py", """
+        import torch
+        from torch import nn
+        class Distances(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.points = nn.Linear(3, 3)
+            def forward(self, x):
+                p = self.points(x)
+                d = p[:, None] - p[None]
+                return torch.sqrt((d * d).sum(-1) + 1e-8)   # 1e-8 is 0 in fp16: sqrt'(0) on the diagonal
+        torch.manual_seed(0)
+        model = Distances()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu")
+        for step in range(16):
+            with torch.autocast("cpu", dtype=torch.float16):
+                dist = model(torch.randn(4, 3))
+            loss = dist.float().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    """)
+    report = run_script(script, measure_speed=False)
+    codes = {f.code: f for f in report.findings}
+    assert codes["BACKWARD_OVERFLOW"].evidence["singularity"]["function"] == "sqrt"
+    collapse = codes["SCALE_COLLAPSE"]
+    assert collapse.evidence["cause"] == "gradient_singularity"
+    assert "derivative singularity" in collapse.message and "cannot help" in collapse.fix

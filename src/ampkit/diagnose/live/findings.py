@@ -47,6 +47,9 @@ def scale_collapse_finding(found: list[Finding], step: int, scale: float) -> Fin
         cause, detail = "nonfinite_data_or_loss", "non-finite values in the data (NONFINITE_INPUT)"
     elif codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW", "NORM_STATS_NONFINITE", "DTYPE_MISMATCH"}:
         cause, detail = "nonfinite_data_or_loss", f"a non-finite forward/loss ({', '.join(sorted(codes))})"
+    elif any(f.code == "BACKWARD_OVERFLOW" and "singularity" in f.evidence for f in found):
+        cause, detail = "gradient_singularity", ("a derivative singularity in backward that overflows at any scale "
+                                                 "(BACKWARD_OVERFLOW)")
     elif "BACKWARD_OVERFLOW" in codes:
         cause, detail = "gradient_overflow", "gradients that overflow even at scale 1 (BACKWARD_OVERFLOW)"
     elif "BACKWARD_OVERFLOW" in infos:

@@ -214,6 +214,8 @@ class _Runner:
             if codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW"}:
                 self.ctx.reclassify(failure.iteration, "nonfinite_loss" if failure.cause == "nonfinite_loss"
                                     else "nonfinite_forward")
+            elif any(f.code == "BACKWARD_OVERFLOW" and "singularity" in f.evidence for f in result.findings):
+                self.ctx.reclassify(failure.iteration, "gradient_singularity")
         if failure.cause != "gradient_overflow" or (result is not None and result.has_errors):
             self._settled.add(failure.cause)
 
@@ -224,8 +226,9 @@ class _Runner:
         * non-finite loss: the forward whose output is non-finite; when all outputs are finite the
           loss code between the models and the loss produced it (a process-level finding);
         * gradient overflow: a forward whose output and incoming gradient are finite (the overflow
-          is inside it); when every incoming gradient is non-finite, the overflow happened between
-          the outputs and the loss, in code no replay of a model can show.
+          is inside it); else a forward whose output holds inf/NaN that the finite loss ignored
+          (masked positions); when every incoming gradient is non-finite, the overflow happened
+          between the outputs and the loss, in code no replay of a model can show.
         """
         if failure.cause == "nonfinite_data":
             return next((c for c in reversed(caps) if any(not bool(torch.isfinite(x).all())
@@ -239,6 +242,9 @@ class _Runner:
             ok = [c for c in reversed(caps) if c.outputs_finite() and c.grads_finite() is not False]
             if ok:
                 return ok[0]
+            masked = next((c for c in reversed(caps) if not c.outputs_finite()), None)
+            if masked is not None:
+                return masked  # its forward went non-finite where the loss does not look (masked positions)
             self._boundary_overflow(caps[-1], failure)
             return None
         return None

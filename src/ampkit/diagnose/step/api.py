@@ -8,10 +8,13 @@ Algorithm (each run happens on a private deep copy, with the same RNG state):
    (``ampkit.diagnose.step.trace``), comparing each module output with the reference on the fly.
 3. **Findings**: an op that raised (DTYPE_MISMATCH / CAST_OVERFLOW); NaN in the data or
    non-finite parameters (NONFINITE_INPUT); the forward producer of the first non-finite value
-   (FORWARD_OVERFLOW, FORWARD_NAN, CAST_OVERFLOW, NORM_STATS_NONFINITE); running statistics
-   that became non-finite; else the backward producer (BACKWARD_OVERFLOW), classified by
+   (FORWARD_OVERFLOW, FORWARD_NAN, CAST_OVERFLOW, NORM_STATS_NONFINITE), and past an overflow
+   the op where the first NaN is born (its own FORWARD_NAN when the fp32 shadow has the same
+   NaN, else named by the overflow); running statistics that became non-finite; else the
+   backward producer (``ampkit.diagnose.step.backward``: BACKWARD_OVERFLOW), classified by
    re-running the backward at scale 1: an overflow that vanishes there is ordinary dynamic
-   loss scaling (info), one that stays is an error; the loss dtype (LOSS_IN_LOW_PRECISION);
+   loss scaling (info), one that stays is an error (a derivative singularity when sqrt, acos
+   ... was evaluated where its derivative is infinite); the loss dtype (LOSS_IN_LOW_PRECISION);
    for a finite step, PRECISION_LOSS and GRADIENT_UNDERFLOW from the shadow comparison.
 4. **Bisection** (``bisect=True``) when a module kept in fp32 could fix the step
    (``ampkit.diagnose.step.bisect``), verified by a final run with the proposed ``keep_fp32``.
@@ -26,23 +29,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
 from ampkit._util.dtypes import dtype_name
-from ampkit.diagnose.core.display import display_location, display_module, keep_fp32_fix, sort_findings
+from ampkit.diagnose.core.display import display_location, display_module, sort_findings
 from ampkit.diagnose.core.stats import (
     FORMATS,
     finalize_ranges,
-    format_name,
     headroom,
     merge_ranges,
     pending_range,
 )
 from ampkit.diagnose.step import compare
 from ampkit.diagnose.step.effect import effect_finding, fold_gradient_twin
+from ampkit.diagnose.step.backward import backward_finding
 from ampkit.diagnose.step.events import (
     Producer,
     error_finding,
@@ -53,7 +55,8 @@ from ampkit.diagnose.step.events import (
 from ampkit.diagnose.step.programs import LossProgram, StepProgram
 from ampkit.diagnose.step.result import DiagnosisResult, Headroom
 from ampkit.diagnose.step.session import RunResult, Session
-from ampkit.findings import Finding, Severity
+from ampkit.diagnose.step.trace import TraceLog
+from ampkit.findings import Finding
 from ampkit.precision import Precision
 
 __all__ = ["diagnose_program", "diagnose_step"]
@@ -202,31 +205,13 @@ class _Diagnosis:
         nonfinite = not lp.finite
         fwd = find_producer(log, "forward")
         if fwd is not None:
-            self._overflowed = True
-            module = fwd.record.module
-            corrupted = out_sqnr.get(module or "\0", math.nan) if not nonfinite else math.nan
-            f = producer_finding(fwd, step_nonfinite=nonfinite, step=self.step,
-                                 module_type=self._module_type(module),
-                                 reference_absmax=self._ref_absmax(module))
-            if not math.isnan(corrupted) and corrupted < self.threshold_db:
-                # Absorbed downstream (rsqrt(inf) = 0, softmax of inf ...): finite, but wrong.
-                f = dataclasses.replace(
-                    f, severity="error",
-                    message=f.message.replace(" The step still ended finite (the value was masked or saturated "
-                                              "later).", "")
-                    + f" The step ended finite but silently wrong: {display_module(module)}'s output is "
-                      f"{corrupted:.1f} dB SQNR from fp32.",
-                    evidence={**f.evidence, "module_output_sqnr_db": corrupted})
-                self._sqnr_targets.append(module or "")
-            self.findings.append(f)
-            if f.severity == "error":
-                fixable.append(f)
+            fixable.extend(self._forward_findings(log, fwd, out_sqnr, nonfinite))
         self.findings.extend(self._running_stats(fwd))
         if fwd is None and not inputs and lp.loss_finite and not lp.grads_finite:
             bwd = find_producer(log, "backward")
             if bwd is not None:
                 self._overflowed = True
-                f = self._backward_finding(lp, bwd)
+                f = backward_finding(s, lp, bwd, step=self.step, ref=self.ref)
                 self.findings.append(f)
                 if f.severity == "error":
                     fixable.append(f)
@@ -239,6 +224,63 @@ class _Diagnosis:
                 step=self.step, evidence={"loss_finite": lp.loss_finite, "nonfinite_grads": lp.nonfinite_grads[:20]},
             ))
         return fixable
+
+    def _forward_findings(self, log: TraceLog, fwd: Producer, out_sqnr: dict[str, float],
+                          nonfinite: bool) -> list[Finding]:
+        """The finding of the forward producer (and of a later NaN birth); returns the fixable ones."""
+        self._overflowed = True
+        module = fwd.record.module
+        corrupted = out_sqnr.get(module or "\0", math.nan) if not nonfinite else math.nan
+        fp32_nan = self._nan_in_fp32(fwd) if fwd.kind != "overflow" else None
+        f = producer_finding(fwd, step_nonfinite=nonfinite, step=self.step, module_type=self._module_type(module),
+                             reference_absmax=self._ref_absmax(module), log=log, fp32_nan=fp32_nan)
+        if not math.isnan(corrupted) and corrupted < self.threshold_db:
+            # Absorbed downstream (rsqrt(inf) = 0, softmax of inf ...): finite, but wrong.
+            f = dataclasses.replace(
+                f, severity="error",
+                message=f.message.replace(" The step still ended finite (the value was masked or saturated "
+                                          "later).", "")
+                + f" The step ended finite but silently wrong: {display_module(module)}'s output is "
+                  f"{corrupted:.1f} dB SQNR from fp32.",
+                evidence={**f.evidence, "module_output_sqnr_db": corrupted})
+            self._sqnr_targets.append(module or "")
+        births: list[Finding] = []
+        if fwd.kind == "overflow":
+            f, births = self._nan_birth(log, f, nonfinite)
+        self.findings.append(f)
+        self.findings.extend(births)
+        return [f] if f.severity == "error" and not fp32_nan else []
+
+    def _nan_birth(self, log: TraceLog, overflow: Finding, nonfinite: bool) -> tuple[Finding, list[Finding]]:
+        """Where the first NaN is born when an earlier op only overflowed.
+
+        A NaN that the fp32 reference produces at the same op is a bug of its own (no module kept in
+        fp32 removes it, e.g. a softmax over a row of summed −inf masks): FORWARD_NAN there, naming
+        the inf that fed it.  A NaN the reference does not produce is the overflow's echo (an inf
+        normalised by a softmax or a norm), removed by the overflow's fix: the overflow names it.
+        """
+        birth = find_producer(log, "forward", nan_only=True)
+        if birth is None:
+            return overflow, []
+        module = birth.record.module
+        if self._nan_in_fp32(birth):
+            return overflow, [producer_finding(
+                birth, step_nonfinite=nonfinite, step=self.step, module_type=self._module_type(module),
+                reference_absmax=self._ref_absmax(module), log=log, fp32_nan=True, nan_birth=True)]
+        rec = birth.record
+        loc = display_location(rec.location)
+        note = f" Its inf turns into NaN at {rec.op} in {display_module(module)}" + (f" ({loc})." if loc else ".")
+        return dataclasses.replace(overflow, message=overflow.message + note, evidence={
+            **overflow.evidence, "nan_birth": {"op": rec.op, "module": module, "location": loc, "op_index": rec.index},
+        }), []
+
+    def _nan_in_fp32(self, birth: Producer) -> bool | None:
+        """Whether the fp32 shadow's first NaN is born at the same op and line (None: no shadow)."""
+        if self.ref is None or self.ref.log is None:
+            return None
+        ref = find_producer(self.ref.log, "forward", nan_only=True)
+        return ref is not None and (ref.record.op, ref.record.module, ref.record.location) == (
+            birth.record.op, birth.record.module, birth.record.location)
 
     def _running_stats(self, fwd: Producer | None) -> list[Finding]:
         """NORM_STATS_NONFINITE for running statistics this step turned non-finite."""
@@ -270,65 +312,6 @@ class _Diagnosis:
         after = torch.stack([torch.isfinite(b).all() for _, b in items]).tolist()
         pre = torch.stack([torch.isfinite(before[n]).all() for n, _ in items]).tolist()
         return [n for (n, _), a, p in zip(items, after, pre) if p and not a]
-
-    def _backward_finding(self, lp: RunResult, p: Producer) -> Finding:
-        s, rec = self.s, p.record
-        scale = s.program.loss_scale
-        fwd_op = lp.log.records[rec.forward_op].op if lp.log and rec.forward_op is not None else None
-        lp_name = format_name(s.precision.dtype) or s.precision.name
-        evidence: dict[str, Any] = {
-            "phase": "backward", "kind": p.kind, "loss_scale": scale, "forward_op": fwd_op, "node": rec.node,
-            "input_dtypes": list(p.in_dtypes), "output_dtype": p.out_dtype,
-            "grad_absmax_unscaled": p.in_absmax / scale,
-        }
-        where = f"{rec.op} (backward of {fwd_op or 'an op'} in {display_module(rec.module)})"
-        severity: Severity = "error"
-        if scale > 1.0:
-            unit = s.run(s.work, mode="unit", trace=True, stats=False)
-            s.reset_work()
-            evidence["overflows_at_scale_1"] = not unit.finite
-            peak = self._peak_backward(unit, lp_name)
-            if unit.finite:
-                severity = "info"
-                safe = None
-                if peak > 0 and lp_name in FORMATS:
-                    safe = 2.0 ** math.floor(math.log2(FORMATS[lp_name].max / peak))
-                evidence["largest_unscaled_gradient"] = peak
-                evidence["max_safe_scale"] = safe
-                message = (f"{where} overflowed at loss scale {scale:g}; at scale 1 the same backward is finite "
-                           f"(largest unscaled gradient {peak:.4g}" + (f", so scales up to {safe:g} fit)" if safe
-                                                                         else ")")
-                           + ": this is ordinary dynamic loss scaling — the step is skipped and the scale backs off")
-                fix = ("Nothing to change if it happens now and then. If most steps are skipped, start lower: "
-                       f"DynamicLossScaler(init_scale={safe:g})" if safe else
-                       "Nothing to change if it happens now and then; if most steps are skipped, lower init_scale.")
-                return Finding(code="BACKWARD_OVERFLOW", severity=severity, message=message, fix=fix,
-                               module=rec.module, op=rec.op, location=display_location(rec.location), step=self.step,
-                               evidence=evidence)
-        message = (f"{where} produced non-finite {dtype_name(p.out_dtype)} gradients from finite ones"
-                   + (f" at loss scale {scale:g}, and still does at scale 1" if scale > 1.0 else
-                      " with no loss scaling") + ": the gradient itself exceeds the format's range, so no loss scale ≥ 1 "
-                   "avoids it")
-        fix = keep_fp32_fix(rec.module, "Or reduce the magnitudes involved (normalise, clip activations) or use bf16.")
-        return Finding(code="BACKWARD_OVERFLOW", severity=severity, message=message, fix=fix, module=rec.module,
-                       op=rec.op, location=display_location(rec.location), step=self.step, evidence=evidence)
-
-    @staticmethod
-    def _peak_backward(run: RunResult, fmt: str) -> float:
-        """Largest finite |gradient| among backward op outputs in the low-precision format."""
-        if run.log is None:
-            return 0.0
-        dtype = str(FORMATS[fmt].torch_dtype).replace("torch.", "") if fmt in FORMATS else ""
-        peak = 0.0
-        for rec in run.log.records:
-            if rec.phase != "backward":
-                continue
-            for slot, d in zip(rec.out_slots, rec.out_dtypes):
-                if d == dtype:
-                    v = run.log.absmax(slot)
-                    if math.isfinite(v):
-                        peak = max(peak, v)
-        return peak
 
     def _module_type(self, name: str | None) -> str | None:
         return type(self.modules[name]).__name__ if name is not None and name in self.modules else None

@@ -10,7 +10,9 @@ its inputs could not have passed on:
 * the same in backward                    -> BACKWARD_OVERFLOW (classified against the loss
                                              scale by the caller).
 
-Ops that receive a non-finite Python number (``masked_fill(mask, -inf)``) produce it on
+The **NaN birth** (``find_producer(..., nan_only=True)``) is the first op that creates a NaN,
+past any earlier overflow; ``ampkit.diagnose.step.nanorigin`` gives its cause and the inf that
+fed it.  Ops that receive a non-finite Python number (``masked_fill(mask, -inf)``) produce it on
 purpose and are never producers.  Everything downstream of the producer merely passes the
 value on and is not reported.  Tensors entering the computation with a NaN (data, targets)
 or non-finite parameters are NONFINITE_INPUT.
@@ -26,6 +28,7 @@ import torch
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_location, display_module, keep_fp32_fix
 from ampkit.diagnose.core.stats import FORMATS, tensor_stats
+from ampkit.diagnose.step.nanorigin import inf_source, nan_cause, nan_text
 from ampkit.diagnose.step.trace import CAST_OPS, OpError, OpRecord, TraceLog
 from ampkit.findings import Finding, Severity, nonfinite_input
 
@@ -55,15 +58,16 @@ def _short(op: str) -> str:
     return op.split("::", 1)[-1]
 
 
-def find_producer(log: TraceLog, phase: str) -> Producer | None:
-    """The first op of ``phase`` that creates a non-finite value (see the module docstring)."""
+def find_producer(log: TraceLog, phase: str, *, nan_only: bool = False) -> Producer | None:
+    """The first op of ``phase`` that creates a non-finite value (see the module docstring);
+    with ``nan_only``, the first op that creates a NaN (the NaN's birth, past any earlier overflow)."""
     for rec in log.records:
         if rec.phase != phase or rec.scalar_nonfinite or not rec.out_slots:
             continue
         out_states = [log.state(s) for s in rec.out_slots]
         out_nan = any(s[0] for s in out_states)
         out_inf = any(s[1] or s[2] for s in out_states)
-        if not (out_nan or out_inf):
+        if not (out_nan or out_inf) or (nan_only and not out_nan):
             continue
         in_states = [log.state(s) for s in rec.in_slots if log.slots[s].kind != "uninit"]
         if any(s[0] for s in in_states):
@@ -96,8 +100,15 @@ def _fmt_max(dtype: str | None) -> str:
 
 
 def producer_finding(p: Producer, *, step_nonfinite: bool, step: int | None, module_type: str | None,
-                     reference_absmax: float | None) -> Finding:
-    """The forward finding for a producer (see the module docstring for the code chosen)."""
+                     reference_absmax: float | None, log: TraceLog | None = None,
+                     fp32_nan: bool | None = None, nan_birth: bool = False) -> Finding:
+    """The forward finding for a producer (see the module docstring for the code chosen).
+
+    For a NaN, ``log`` lets the finding name the inf that fed it, and ``fp32_nan`` says whether the
+    fp32 shadow produced the NaN at the same op too (then keeping a module in fp32 cannot help).
+    ``nan_birth`` reports a NaN producer as FORWARD_NAN whatever its op (a normalisation op that
+    turns an earlier op's inf into NaN is where the NaN is born, not a statistics overflow).
+    """
     rec = p.record
     where = display_module(rec.module)
     evidence: dict[str, Any] = {
@@ -112,7 +123,9 @@ def producer_finding(p: Producer, *, step_nonfinite: bool, step: int | None, mod
     tail = "" if step_nonfinite else " The step still ended finite (the value was masked or saturated later)."
     ref = (f" The fp32 reference reaches |x| = {reference_absmax:.4g} in this module's output."
            if reference_absmax is not None else "")
-    if p.kind == "overflow" and _is_cast(p):
+    if nan_birth:
+        code, message, fix = _nan_finding_text(p, log, where, tail, fp32_nan, evidence)
+    elif p.kind == "overflow" and _is_cast(p):
         code = "CAST_OVERFLOW"
         message = (f"{rec.op} in {where} cast finite values (largest |x| = {p.in_absmax:.4g}) to {dtype_name(p.out_dtype)}, "
                    f"which cannot represent them: they became ±inf{_fmt_max(p.out_dtype)}.{ref}{tail}")
@@ -130,16 +143,29 @@ def producer_finding(p: Producer, *, step_nonfinite: bool, step: int | None, mod
         fix = keep_fp32_fix(rec.module, "Alternatively rescale before this op (e.g. divide attention logits "
                             "by sqrt(d) before the matmul, upcast x before x*x), or use bf16, whose range is fp32's.")
     else:
-        code = "FORWARD_NAN"
-        src = ("from inputs holding ±inf (inf−inf, 0·inf, or a softmax over a row that is entirely −inf)"
-               if p.kind == "nan_from_inf" else
-               "from finite inputs (0/0, sqrt/log of a negative, or an overflow inside the op)")
-        message = f"{rec.op} in {where} produced NaN {src}.{tail}"
-        fix = keep_fp32_fix(rec.module, "If a mask fills a whole row with −inf, use a large finite negative "
-                            "(torch.finfo(dtype).min) or skip fully-masked rows.") if p.kind == "nan_from_inf" else \
-            keep_fp32_fix(rec.module, "Guard the operation (clamp before log/sqrt, add eps to denominators).")
+        code, message, fix = _nan_finding_text(p, log, where, tail, fp32_nan, evidence)
     return Finding(code=code, severity=severity, message=message, fix=fix, module=rec.module, op=rec.op,
                    location=display_location(rec.location), step=step, evidence=evidence)
+
+
+def _nan_finding_text(p: Producer, log: TraceLog | None, where: str, tail: str, fp32_nan: bool | None,
+                      evidence: dict[str, Any]) -> tuple[str, str, str]:
+    """FORWARD_NAN's code, message and fix, by cause (``ampkit.diagnose.step.nanorigin``)."""
+    rec = p.record
+    cause = nan_cause(log, rec) if log is not None else "other"
+    source = inf_source(log, rec) if log is not None and p.kind == "nan_from_inf" else None
+    what, advice = nan_text(cause, p.out_dtype, source)
+    evidence["cause"] = cause
+    fed = ""
+    if source is not None:
+        evidence["inf_source"] = source.to_json()
+        fed = f"; {source.describe()}"
+    if fp32_nan is not None:
+        evidence["nan_in_fp32"] = fp32_nan
+    also = " The fp32 reference produces the same NaN: this is not a precision problem." if fp32_nan else ""
+    message = f"{rec.op} in {where} produced the step's first NaN: {what}{fed}.{also}{tail}"
+    fix = advice if fp32_nan else keep_fp32_fix(rec.module, advice)
+    return "FORWARD_NAN", message, fix
 
 
 def input_findings(log: TraceLog, *, step: int | None) -> list[Finding]:
