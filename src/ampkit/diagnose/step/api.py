@@ -43,8 +43,8 @@ from ampkit.diagnose.core.stats import (
     pending_range,
 )
 from ampkit.diagnose.step import compare
-from ampkit.diagnose.step.effect import effect_finding, fold_gradient_twin
 from ampkit.diagnose.step.backward import backward_finding
+from ampkit.diagnose.step.effect import effect_finding, fold_gradient_twin
 from ampkit.diagnose.step.events import (
     Producer,
     error_finding,
