@@ -57,6 +57,7 @@ CODES: dict[str, Severity] = {
     "SLOW_LOW_PRECISION": "warning",
     "NORM_STATS_NONFINITE": "error",
     "PRECISION_LOSS": "warning",
+    "COMPILED_DIVERGENCE": "warning",
 }
 
 
