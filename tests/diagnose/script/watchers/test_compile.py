@@ -102,6 +102,7 @@ def test_compile_watch_records_each_form_and_runs_it_eagerly(tmp_path: Path) -> 
             return x + 1
 
         wrapped(torch.ones(2, 4)), other(torch.ones(2, 4)), plain(torch.ones(2)), tuned(torch.ones(2))
+        assert torch.compile(model, disable=True) is model
     """))
     original = torch.compile
     report = run_script(script, measure_speed=False, replay=False)

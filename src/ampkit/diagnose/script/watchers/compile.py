@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CompileCall", "CompileWatch", "is_compile_wrapper"]
 
-_OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
+_OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options")
 
 
 def is_compile_wrapper(module: nn.Module) -> bool:
@@ -79,6 +79,8 @@ class CompileWatch:
     def _compile(self, model: Any = None, **options: Any) -> Any:
         if model is None:  # @torch.compile(mode=...): a decorator
             return lambda fn: self._compile(fn, **options)
+        if options.get("disable"):
+            return model  # torch.compile(..., disable=True) compiles nothing and returns its argument
         self.calls.append(CompileCall(self.state.frames.caller(), *_describe(model),
                                       {k: v for k, v in options.items() if k in _OPTIONS}))
         # Dynamo traces frames, not objects: disabling it for the callable runs the same code eagerly,
@@ -88,7 +90,7 @@ class CompileWatch:
     def module_options(self) -> dict[str, Any]:
         """The options of the script's first module compile, to compile the same way when comparing."""
         first = next((c for c in self.calls if c.kind in ("module", "method")), None)
-        return {} if first is None else {k: v for k, v in first.options.items() if k != "disable"}
+        return {} if first is None else dict(first.options)
 
 
 def _describe(model: Any) -> tuple[str, str]:
