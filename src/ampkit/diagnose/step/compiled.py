@@ -195,7 +195,8 @@ def _record(model: nn.Module, args: Any, kwargs: Any, autocast: Callable[[], Any
     names = {id(m): n for n, m in model.named_modules()}
 
     def pre(mod: nn.Module, a: tuple[Any, ...], kw: dict[str, Any]) -> None:
-        calls.setdefault(names[id(mod)], _Call(tree_map(_leaf, a), tree_map(_leaf, kw)))
+        if names[id(mod)] not in calls:  # a shared module: its first call stands for it
+            calls[names[id(mod)]] = _Call(tree_map(_leaf, a), tree_map(_leaf, kw))
 
     def post(mod: nn.Module, a: tuple[Any, ...], kw: dict[str, Any], out: Any) -> None:
         call = calls[names[id(mod)]]

@@ -21,6 +21,7 @@ measures where the compiled code's numerics differ from eager.  Cost: one Python
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,10 @@ def is_compile_wrapper(module: nn.Module) -> bool:
     >>> is_compile_wrapper(torch._dynamo.disable(nn.Linear(2, 2))), is_compile_wrapper(nn.Linear(2, 2))
     (True, False)
     """
-    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+    # Called by the model watcher's global hooks: a dict lookup instead of importing dynamo (about a
+    # second) into runs that never compile; without dynamo loaded no wrapper can exist.
+    frames = sys.modules.get("torch._dynamo.eval_frame")
+    return frames is not None and isinstance(module, frames.OptimizedModule)
 
 
 @dataclass
