@@ -74,4 +74,4 @@ def test_compare_compiled_backend_that_changes_nothing_compiles_only_the_model()
 
 def test_tensor_delta_inf_against_finite_is_minus_infinity() -> None:
     delta = tensor_delta("output", torch.tensor([1.0, float("inf")]), torch.tensor([1.0, 3.0]))
-    assert delta.sqnr_db == -math.inf and delta.max_abs_diff == math.inf
+    assert delta.sqnr_db == -math.inf and delta.max_abs_diff == math.inf and delta.nonfinite == "eager"

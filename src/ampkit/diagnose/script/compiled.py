@@ -65,14 +65,21 @@ def divergence_findings(comparison: CompiledComparison, ctx: Context) -> list[Fi
 def _finding(m: ModuleDelta, worst: TensorDelta, name: str, location: str | None, step: int) -> Finding:
     shown = display_module(name)
     dtype = dtype_name(m.dtype)
+    if worst.nonfinite is not None:
+        which = {"compiled": "under torch.compile, where eager is finite",
+                 "eager": "eagerly, where torch.compile is finite"}.get(worst.nonfinite, "at different places in each")
+        what = (f"its {worst.what} holds inf/NaN {which}, on the same inputs and weights; every submodule compared "
+                f"agrees, so the difference is born in this module's own ops (an intermediate kept, saved or "
+                f"recomputed in {dtype} by one and not the other)")
+    else:
+        what = (f"its {worst.what} has an SQNR of {worst.sqnr_db:.1f} dB against eager on the same inputs and "
+                f"weights (tolerance {m.tolerance_db:.1f} dB for {dtype}; max abs diff {worst.max_abs_diff:.3g}, "
+                f"max rel diff {worst.max_rel_diff:.3g}), while every submodule compared agrees: the difference "
+                f"is born in this module's own ops (typically {dtype} rounding that eager does after each op and "
+                "the fused compiled kernel does once)")
     return Finding(
         code="COMPILED_DIVERGENCE", severity="warning", module=name, location=location, step=step,
-        message=(f"{shown} computes differently under torch.compile: its {worst.what} has an SQNR of "
-                 f"{worst.sqnr_db:.1f} dB against eager on the same inputs and weights (tolerance "
-                 f"{m.tolerance_db:.1f} dB for {dtype}; max abs diff {worst.max_abs_diff:.3g}, max rel diff "
-                 f"{worst.max_rel_diff:.3g}), while every submodule compared agrees: the difference is born in "
-                 f"this module's own ops (typically {dtype} rounding that eager does after each op and the fused "
-                 "compiled kernel does once)"),
+        message=f"{shown} computes differently under torch.compile: {what}",
         fix=(f"make the result independent of rounding order: compute `{shown}` in fp32 "
              f"(MixedPrecision(..., keep_fp32=[{name!r}]) or `torch.autocast(..., enabled=False)` with `.float()` "
              "inputs), or rewrite the cancelling expression (e.g. `(a + b) - a` -> `b`); "

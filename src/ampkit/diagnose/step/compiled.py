@@ -81,10 +81,12 @@ class TensorDelta:
     max_abs_diff: float
     max_rel_diff: float
     """The largest absolute difference over the largest eager magnitude."""
+    nonfinite: str | None = None
+    """Where inf/NaN appear that the other run does not have: ``compiled``, ``eager`` or ``both``."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"what": self.what, "sqnr_db": self.sqnr_db, "max_abs_diff": self.max_abs_diff,
-                "max_rel_diff": self.max_rel_diff}
+                "max_rel_diff": self.max_rel_diff, "nonfinite": self.nonfinite}
 
 
 def tensor_delta(what: str, eager: torch.Tensor, compiled: torch.Tensor) -> TensorDelta:
@@ -101,7 +103,10 @@ def tensor_delta(what: str, eager: torch.Tensor, compiled: torch.Tensor) -> Tens
     finite = torch.isfinite(e) & torch.isfinite(c)
     same = (e == c) | (torch.isnan(e) & torch.isnan(c))
     if bool((~finite & ~same).any()):
-        return TensorDelta(what, -math.inf, math.inf, math.inf)
+        compiled_only = bool((torch.isfinite(e) & ~torch.isfinite(c)).any())
+        eager_only = bool((torch.isfinite(c) & ~torch.isfinite(e)).any())
+        side = "both" if compiled_only and eager_only else "compiled" if compiled_only else "eager"
+        return TensorDelta(what, -math.inf, math.inf, math.inf, side)
     e, c = e[finite], c[finite]
     if e.numel() == 0:
         return TensorDelta(what, math.inf, 0.0, 0.0)
