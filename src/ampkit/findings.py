@@ -60,6 +60,7 @@ CODES: dict[str, Severity] = {
     "NORM_STATS_NONFINITE": "error",
     "PRECISION_LOSS": "warning",
     "MIXED_PRECISION_OFF": "warning",
+    "COMPILED_DIVERGENCE": "warning",
 }
 
 

@@ -196,3 +196,54 @@ def test_doctor_missing_module_exits_2_without_a_traceback(tmp_path: Path, capsy
     assert "no module named 'no_such_module_for_doctor'" in err and "Traceback" not in err
     assert main(["doctor", "-m", "no_such_module_for_doctor"]) == 2
     assert "no module named 'no_such_module_for_doctor' (searched" in capsys.readouterr().err
+
+
+# fp16 `(stream + x) - stream`: eager rounds the sum to fp16 and loses most of x; inductor fuses the
+# three ops and keeps the sum in fp32.  The Linear before it computes the same either way.
+CANCELLING = """
+    import torch
+    from torch import nn
+
+    class Residual(nn.Module):
+        def forward(self, x):
+            stream = x * 1024.0
+            return (stream + x) - stream
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), Residual())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model)
+    scaler = torch.amp.GradScaler("cpu")
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = compiled(torch.randn(4, 8)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_doctor_compare_compiled_reports_only_the_module_that_differs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _write(tmp_path / "cancelling.py", CANCELLING)
+    report = tmp_path / "doctor.json"
+    assert main(["doctor", "--compare-compiled", "--json", str(report), str(script)]) == 0
+    doc = json.loads(report.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    diverged = [f for f in doc["findings"] if f["code"] == "COMPILED_DIVERGENCE"]
+    assert [(f["module"], f["severity"], f["location"]) for f in diverged] == [("1", "warning", f"{script}:17")]
+    assert diverged[0]["evidence"]["sqnr_db"] < diverged[0]["evidence"]["tolerance_db"] == 46.99
+    comparison = doc["compiled_comparison"]
+    assert comparison["culprits"] == ["1"]
+    assert [(m["module"], m["diverges"]) for m in comparison["modules"]] == [("", True), ("0", False), ("1", True)]
+    assert [(c["kind"], c["location"]) for c in doc["compiled"]] == [("module", f"{script}:13")]
+    out = capsys.readouterr().out
+    assert "the doctor ran it eagerly" in out and "DIFFERS (output)" in out
+
+
+def test_doctor_compare_compiled_with_a_task_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--compare-compiled", "tinygpt"]) == 2
+    assert "--compare-compiled compares a script's own step" in capsys.readouterr().err

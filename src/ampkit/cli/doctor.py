@@ -1,6 +1,6 @@
 """``ampkit doctor``: diagnose a training script or a task.
 
-    ampkit doctor [--json FILE] [--html FILE] [--precision P] SCRIPT [ARGS...]
+    ampkit doctor [--json FILE] [--html FILE] [--precision P] [--compare-compiled] SCRIPT [ARGS...]
     ampkit doctor [--json FILE] [--html FILE] [--precision P] -m MODULE [ARGS...]
     ampkit doctor [--json FILE] [--html FILE] [--precision P] TASK
 
@@ -19,6 +19,10 @@ raised); else 1 when an error-severity finding is reported, else 0; 2 for usage 
 
 When the script is interrupted (Ctrl-C, SIGTERM), raises, or calls os._exit, the findings made
 so far are still printed and written; the JSON then says "partial": true and how it "ended".
+
+A script that calls torch.compile runs eagerly under the doctor (the calls are listed in the
+JSON's "compiled"); --compare-compiled then compares the last step compiled vs eager, module by
+module, and reports COMPILED_DIVERGENCE for each module that differs beyond its dtype's tolerance.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ def register(subparsers: Any) -> None:
                    help="SCRIPT: observe only; do not replay failing steps op by op")
     p.add_argument("--no-checkup", action="store_true",
                    help="SCRIPT: when no step failed, skip the op-level checkup of the last step")
+    p.add_argument("--compare-compiled", action="store_true",
+                   help="SCRIPT: after the run, compare the last step under torch.compile against eager, module by "
+                        "module, and name the modules whose outputs or gradients differ beyond the dtype's tolerance "
+                        "(one compile per compared module: seconds each)")
     p.add_argument("target", metavar="SCRIPT|TASK", nargs="?", help="training script, module (-m) or task reference")
     p.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(run=run)
@@ -130,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     if is_script(args.target, args.as_module):
         return _run_script(args)
+    if args.compare_compiled:
+        raise UsageError(f"--compare-compiled compares a script's own step; {args.target!r} is a task, not a "
+                         "script file. Pass the training script's path")
     if args.args:
         raise UsageError(f"task {args.target!r} takes no arguments (got {' '.join(args.args)!r}); "
                          "to run a script, pass its path")
@@ -142,7 +153,7 @@ def _run_script(args: argparse.Namespace) -> int:
     try:
         report = run_script(args.target, args.args, module=args.as_module, precision=args.precision,
                             replay=not args.no_replay, checkup=not args.no_checkup,
-                            on_os_exit=lambda r: _report_script(args, r))
+                            on_os_exit=lambda r: _report_script(args, r), compare_compiled=args.compare_compiled)
     except ModuleNotFoundError as exc:
         raise UsageError(f"-m {args.target}: {exc}") from exc
     return _report_script(args, report)
@@ -150,11 +161,12 @@ def _run_script(args: argparse.Namespace) -> int:
 
 def _report_script(args: argparse.Namespace, report: Any) -> int:
     """Print and write what the run found (also after Ctrl-C, SIGTERM, a crash or os._exit); the exit status."""
-    from ampkit.diagnose.report.terminal import render_terminal
+    from ampkit.diagnose.report.terminal import render_compiled, render_terminal
 
     how = f"ended by {_ENDED_WORDS[report.ended]}; findings so far" if report.partial else "findings"
     print(f"\nampkit doctor: {report.script} ran {report.steps} optimizer step(s), exit status "
           f"{report.exit_status}; {len(report.findings)} finding(s) ({how})", file=sys.stdout)
+    render_compiled(report.compiled, report.compiled_comparison, file=sys.stdout)
     render_terminal(report.findings, file=sys.stdout, note=report.mixed_precision.get("summary"))
     if report.steps == 0 and report.tasks and not args.as_module:
         print(f"ampkit doctor: {args.target} ran as a script and trained nothing, but it defines the task "

@@ -37,7 +37,7 @@ def _torch_surface() -> dict[str, Any]:
     }
     surface.update({f"autocast.{n}": vars(ac)[n] for n in ("__init__", "__enter__", "__exit__")})
     surface.update({
-        "torch.save": torch.save, "torch.load": torch.load, "autograd.backward": torch.autograd.backward,
+        "torch.save": torch.save, "torch.load": torch.load, "torch.compile": torch.compile, "autograd.backward": torch.autograd.backward,
         "clip_grad_norm_": torch.nn.utils.clip_grad_norm_, "clip_grad_value_": torch.nn.utils.clip_grad_value_,
         "clip_grad.clip_grad_norm_": torch.nn.utils.clip_grad.clip_grad_norm_,
         "Optimizer.__init__": vars(torch.optim.Optimizer)["__init__"],

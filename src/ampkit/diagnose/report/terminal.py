@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, Any
 
 from ampkit.diagnose.core.display import finding_where, sort_findings
 from ampkit.findings import Finding
 
-__all__ = ["render_terminal"]
+__all__ = ["render_compiled", "render_terminal"]
 
 _TAGS = {"error": "ERROR", "warning": "WARN ", "info": "INFO "}
 _RICH_STYLE = {"error": "bold white on red", "warning": "bold black on yellow", "info": "bold white on blue"}
@@ -68,3 +68,7 @@ def _render_rich(findings: Sequence[Finding], out: IO[str], note: str | None = N
         console.print(f"    {escape(f.message)}")
         console.print(f"    [green]fix:[/] {escape(f.fix)}")
     console.print(escape(_summary(findings, note)))
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}" if abs(v) < 1e4 or v != v or abs(v) == float("inf") else f"{v:.2e}"

@@ -28,15 +28,15 @@ from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.state import Sampler, WatchState
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
 from ampkit.diagnose.script.watchers.backward import BackwardWatch
+from ampkit.diagnose.script.watchers.compile import CompileWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
 from ampkit.diagnose.script.watchers.optim import OptimWatch
 from ampkit.diagnose.script.watchers.scaler import ScalerWatch
+from ampkit.diagnose.step.compiled import COMPILE_HOOK_WARNING
 from ampkit.findings import nonfinite_input
 
 __all__ = ["Context", "Failure"]
-
-_COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
 @dataclass
@@ -76,6 +76,7 @@ class Context:
         # optimizer steps and backward calls consult the scalers that guard them, and vice versa
         self.optim.scalers = self.backward.scalers = self.scalers
         self.checkpoints = CheckpointWatch(self.state, scalers=self.scalers)
+        self.compiles = CompileWatch(self.state)
         self.forwards = _Forwards()
         self.skips: dict[int, str] = {}
         self.cause_of: dict[str, str] = {}
@@ -116,12 +117,12 @@ class Context:
             self.models.paused = before
 
     def install(self, patches: PatchSet) -> None:
-        for watch in (self.autocast, self.optim, self.scalers, self.backward, self.checkpoints):
+        for watch in (self.autocast, self.optim, self.scalers, self.backward, self.checkpoints, self.compiles):
             watch.install(patches)
         self.models.set_discovery(True)
         patches.handle(_Remover(self.models.remove))
         # torch.compile warns about global module hooks; the doctor's are no-ops inside compiled code.
-        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING)
+        warnings.filterwarnings("ignore", message=COMPILE_HOOK_WARNING)
         entry = warnings.filters[0]
         patches.handle(_Remover(lambda: _drop_filter(entry)))
 

@@ -35,6 +35,7 @@ import torch
 
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.display import sort_findings
+from ampkit.diagnose.script.compiled import compare_last_step
 from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
@@ -77,6 +78,10 @@ class ScriptReport:
     """Names of the Task instances and classes the script defines (a file meant for ``FILE:attr``)."""
     mixed_precision: dict[str, Any] = field(default_factory=dict)
     """Mixed precision asked for versus what ran (``script.mixed.mixed_precision_record``)."""
+    compiled: list[dict[str, Any]] = field(default_factory=list)
+    """The script's ``torch.compile`` calls (``watchers.compile.CompileCall``); the run was eager."""
+    compiled_comparison: dict[str, Any] | None = None
+    """``--compare-compiled``: the module-by-module comparison (``step.compiled.CompiledComparison``)."""
 
     @property
     def has_errors(self) -> bool:
@@ -117,6 +122,9 @@ class ScriptReport:
         doc["partial"] = self.partial
         if self.mixed_precision:
             doc["mixed_precision"] = self.mixed_precision
+        doc["compiled"] = self.compiled
+        if self.compiled_comparison is not None:
+            doc["compiled_comparison"] = self.compiled_comparison
         if self.ended is not None:
             doc["ended"] = self.ended
         return doc
@@ -151,13 +159,13 @@ def merge_replayed_findings(process: list[Finding], replayed: list[Finding]) -> 
 class _Runner:
     def __init__(self, target: str, args: Sequence[str], *, module: bool, intended: str | None, replay: bool,
                  checkup: bool, bisect: bool, max_replays: int, sampler: Sampler | None, measure_speed: bool,
-                 on_os_exit: Callable[[ScriptReport], int] | None = None):
+                 on_os_exit: Callable[[ScriptReport], int] | None = None, compare_compiled: bool = False):
         self.target, self.args, self.module = target, list(args), module
         self.on_os_exit = on_os_exit
         self._globals: dict[str, Any] = {}
         self._patches = PatchSet()
         self.intended, self.replay, self.checkup, self.bisect = intended, replay, checkup, bisect
-        self.max_replays, self.measure_speed = max_replays, measure_speed
+        self.max_replays, self.measure_speed, self.compare_compiled = max_replays, measure_speed, compare_compiled
         if module:
             self.path = None
             root = Path.cwd()
@@ -335,17 +343,20 @@ class _Runner:
         if (self.checkup and ended not in SIGNAL_EXIT_STATUS and not any(d.has_errors for d in self.diagnoses)
                 and self.ctx.models.last is not None):
             self._replay(self.ctx.models.last, "checkup", self.ctx.models.last.step)
+        comparison, diverged = compare_last_step(self.ctx, self.compare_compiled and ended not in SIGNAL_EXIT_STATUS)
         models = self.ctx.models
         replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
                     for d, root in zip(self.diagnoses, self._replayed_roots) for f in d.findings]
-        findings = _with_verified_fix(merge_replayed_findings(self.ctx.ledger.findings() + self.explained, replayed),
-                                      self.diagnoses)
+        process = self.ctx.ledger.findings() + self.explained + diverged
+        findings = _with_verified_fix(merge_replayed_findings(process, replayed), self.diagnoses)
         return ScriptReport(
             script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
             diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.iteration, replays=self.replays,
             device=str(self.ctx.models.last.device) if self.ctx.models.last is not None else None,
             scalers=self._scaler_summary(), ended=ended, tasks=defined_tasks(self._globals),
             mixed_precision=mixed_precision_record(self.ctx, flags, self.intended),
+            compiled=[c.to_dict() for c in self.ctx.compiles.calls],
+            compiled_comparison=comparison.to_dict() if comparison is not None else None,
         )
 
     def _scaler_summary(self) -> list[dict[str, Any]]:
@@ -415,7 +426,7 @@ def run_script(
     target: str | os.PathLike[str], args: Sequence[str] = (), *, module: bool = False, precision: str | None = None,
     replay: bool = True, checkup: bool = True, bisect: bool = True, max_replays: int = 3,
     sampler: Sampler | None = None, measure_speed: bool = True,
-    on_os_exit: Callable[[ScriptReport], int] | None = None,
+    on_os_exit: Callable[[ScriptReport], int] | None = None, compare_compiled: bool = False,
 ) -> ScriptReport:
     """Run a training script as ``__main__`` under the doctor's watchers and return the findings.
 
@@ -434,6 +445,8 @@ def run_script(
             status the process exits with.  ``os._exit`` never returns, so without it the run's
             findings die with the process.  While the script runs, SIGTERM ends it like Ctrl-C does
             (``ScriptReport.ended``).
+        compare_compiled: compare the last step compiled vs eager, module by module (``script.compiled``).
+            The script itself runs eagerly under the doctor (``ScriptReport.compiled``).
 
     Raises:
         FileNotFoundError: ``target`` is not an existing file (``module=False``).
@@ -445,5 +458,5 @@ def run_script(
         require_module(os.fspath(target))
     runner = _Runner(os.fspath(target), args, module=module, intended=precision, replay=replay, checkup=checkup,
                      bisect=bisect, max_replays=max_replays, sampler=sampler, measure_speed=measure_speed,
-                     on_os_exit=on_os_exit)
+                     on_os_exit=on_os_exit, compare_compiled=compare_compiled)
     return runner.run()

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ampkit._util.autograd import sole_cast_consumers
+from ampkit.diagnose.script.watchers.compile import is_compile_wrapper
 
 __all__ = ["Capture", "ModelWatch"]
 
@@ -216,8 +217,8 @@ class ModelWatch:
     def _global_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         # Inside a torch.compile region the hooks are traced, not run: they must be no-ops there
         # (the compiled module's own call, which runs eagerly, is the one observed).
-        if torch.compiler.is_compiling() or self.paused or id(module) in self.roots:
-            return  # its own hooks run
+        if torch.compiler.is_compiling() or self.paused or id(module) in self.roots or is_compile_wrapper(module):
+            return  # its own hooks run; a torch.compile wrapper is looked through (its module is the model)
         if not self._stack:
             if next(module.parameters(), None) is None:
                 return  # a loss module or a container without weights is not a model
@@ -228,7 +229,7 @@ class ModelWatch:
 
     def _global_post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
         # (kwargs, out) normally; torch passes only (out) when the forward raised.
-        if torch.compiler.is_compiling() or self.paused or id(module) in self.roots:
+        if torch.compiler.is_compiling() or self.paused or id(module) in self.roots or is_compile_wrapper(module):
             return
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
@@ -243,21 +244,24 @@ class ModelWatch:
 
     def _label(self, module: nn.Module) -> str:
         """How the script names ``module``: the variable holding it (``model``), or the attribute path
-        from a variable holding a parent (``model.image_proj``); else its class name.  One stack walk
-        and one ``named_modules`` per candidate parent, once per root."""
+        from a variable holding a parent (``model.image_proj``); else its class name.  A variable holding
+        its ``torch.compile`` wrapper names it too.  One stack walk and one ``named_modules`` per
+        candidate parent, once per root."""
         frame = self._user_frame()
         while frame is not None:
             scopes = (frame.f_locals, frame.f_globals)
             for scope in scopes:
                 for name, value in list(scope.items()):
-                    if value is module and not name.startswith("_") and name != "self":
+                    if (value is module or (isinstance(value, nn.Module) and is_compile_wrapper(value)
+                                            and value._orig_mod is module)) \
+                            and not name.startswith("_") and name != "self":
                         return str(name)
             for scope in scopes:
                 for name, value in list(scope.items()):
                     if isinstance(value, nn.Module) and not name.startswith("_") and name != "self":
                         for path, sub in value.named_modules():
                             if sub is module and path:
-                                return f"{name}.{path}"
+                                return f"{name}.{path.removeprefix('_orig_mod.')}"
             frame = frame.f_back
         return type(module).__name__
 
