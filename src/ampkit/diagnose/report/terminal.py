@@ -70,5 +70,37 @@ def _render_rich(findings: Sequence[Finding], out: IO[str], note: str | None = N
     console.print(escape(_summary(findings, note)))
 
 
+def render_compiled(compiled: Sequence[dict[str, Any]], comparison: dict[str, Any] | None,
+                    file: IO[str] | None = None) -> None:
+    """Say which ``torch.compile`` calls ran eagerly, then the ``--compare-compiled`` table.
+
+    >>> import io
+    >>> buf = io.StringIO()
+    >>> render_compiled([{"location": "train.py:9", "kind": "module", "target": "Net", "options": {}}], None, buf)
+    >>> print(buf.getvalue().strip())
+    ampkit doctor: the script compiles with torch.compile (Net at train.py:9); the doctor ran it eagerly, with the same inputs and weights (compare the two: --compare-compiled)
+    """
+    out = file if file is not None else sys.stdout
+    if compiled:
+        calls = ", ".join(f"{c['target']}{'.compile()' if c['kind'] == 'method' else ''} at {c['location']}"
+                          for c in compiled[:4]) + (" ..." if len(compiled) > 4 else "")
+        print(f"ampkit doctor: the script compiles with torch.compile ({calls}); the doctor ran it eagerly, with the "
+              "same inputs and weights (compare the two: --compare-compiled)", file=out)
+    if comparison is None:
+        return
+    options = ", ".join(f"{k}={v}" for k, v in comparison["options"].items()) or "inductor"
+    print(f"ampkit doctor: compiled ({options}) vs eager, module by module "
+          f"({comparison['compiles']} compiled):", file=out)
+    print(f"  {'module':<28} {'dtype':>5} {'SQNR dB':>8} {'tol dB':>7} {'max abs':>9} {'max rel':>9}  result", file=out)
+    for m in comparison["modules"]:
+        verdict = ("DIFFERS" if m["reported"] else "differs in a submodule") if m["diverges"] else "ok"
+        if m["error"]:
+            verdict = f"not compared: {m['error']}"
+        print(f"  {(m['module'] or '(model)'):<28} {m['dtype']:>5} {_num(m['sqnr_db']):>8} {m['tolerance_db']:>7.1f} "
+              f"{_num(m['max_abs_diff']):>9} {_num(m['max_rel_diff']):>9}  {verdict}"
+              + (f" ({m['worst']})" if m["diverges"] else ""), file=out)
+    if comparison["not_compared"]:
+        print(f"  not compared (compile budget reached): {', '.join(comparison['not_compared'])}", file=out)
+
 def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.3g}" if abs(v) < 1e4 or v != v or abs(v) == float("inf") else f"{v:.2e}"
