@@ -28,6 +28,7 @@ from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.state import Sampler, WatchState
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
 from ampkit.diagnose.script.watchers.backward import BackwardWatch
+from ampkit.diagnose.script.watchers.engine import EngineWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
 from ampkit.diagnose.script.watchers.optim import OptimWatch
@@ -76,6 +77,7 @@ class Context:
         # optimizer steps and backward calls consult the scalers that guard them, and vice versa
         self.optim.scalers = self.backward.scalers = self.scalers
         self.checkpoints = CheckpointWatch(self.state, scalers=self.scalers)
+        self.engines = EngineWatch(self.state, scalers=self.scalers)
         self.forwards = _Forwards()
         self.skips: dict[int, str] = {}
         self.cause_of: dict[str, str] = {}
@@ -116,7 +118,7 @@ class Context:
             self.models.paused = before
 
     def install(self, patches: PatchSet) -> None:
-        for watch in (self.autocast, self.optim, self.scalers, self.backward, self.checkpoints):
+        for watch in (self.autocast, self.optim, self.scalers, self.backward, self.checkpoints, self.engines):
             watch.install(patches)
         self.models.set_discovery(True)
         patches.handle(_Remover(self.models.remove))
