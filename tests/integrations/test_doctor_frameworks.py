@@ -87,3 +87,11 @@ def test_doctor_frameworks_fp16_autocast_inside_forward_replays_in_fp16() -> Non
     _, doc = _doctor("accelerate_clip_before_unscale_fixed.py")
     assert doc["precision"] == "fp16"
     assert doc["comparison"]["output_sqnr_db"]
+
+
+def test_doctor_frameworks_ampkit_precision_skipped_steps_are_the_engines() -> None:
+    _require("lightning")
+    _, doc = _doctor("lightning_ampkit_ffn_overflow_fp16.py")
+    collapse = [f for f in doc["findings"] if f["code"] == "SCALE_COLLAPSE"]
+    assert len(collapse) == 1 and "ampkit.MixedPrecision" in collapse[0]["message"]
+    assert collapse[0]["evidence"]["skipped_steps"] == collapse[0]["evidence"]["steps"] == 20  # max_steps

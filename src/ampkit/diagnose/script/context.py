@@ -29,6 +29,7 @@ from ampkit.diagnose.script.state import Sampler, WatchState
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
 from ampkit.diagnose.script.watchers.backward import BackwardWatch
 from ampkit.diagnose.script.watchers.compile import CompileWatch
+from ampkit.diagnose.script.watchers.engine import EngineWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
 from ampkit.diagnose.script.watchers.optim import OptimWatch
@@ -77,6 +78,7 @@ class Context:
         self.optim.scalers = self.backward.scalers = self.scalers
         self.checkpoints = CheckpointWatch(self.state, scalers=self.scalers)
         self.compiles = CompileWatch(self.state)
+        self.engines = EngineWatch(self.state, scalers=self.scalers)
         self.forwards = _Forwards()
         self.skips: dict[int, str] = {}
         self.cause_of: dict[str, str] = {}
@@ -117,7 +119,8 @@ class Context:
             self.models.paused = before
 
     def install(self, patches: PatchSet) -> None:
-        for watch in (self.autocast, self.optim, self.scalers, self.backward, self.checkpoints, self.compiles):
+        for watch in (self.autocast, self.optim, self.scalers, self.backward, self.checkpoints, self.compiles,
+                      self.engines):
             watch.install(patches)
         self.models.set_discovery(True)
         patches.handle(_Remover(self.models.remove))

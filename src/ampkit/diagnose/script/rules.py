@@ -67,7 +67,7 @@ def _scale_collapse(ctx: Context) -> None:
             causes[cause] = causes.get(cause, 0) + 1
         cause = max(causes, key=lambda c: causes[c])
         message, fix = scale_collapse(
-            cause, f"the GradScaler (created at {info.location}) skipped {len(ctx.skips)} of {ctx.iteration} "
+            cause, f"the {info.label} (created at {info.location}) skipped {len(ctx.skips)} of {ctx.iteration} "
             f"steps: {why}", f" ({causes[cause]} of the skipped steps)")
         scales = [s for _, s in info.scales]
         ctx.ledger.add(

@@ -118,7 +118,8 @@ class CheckpointWatch:
             )
 
     def finalize(self) -> None:
-        scalers = self.scalers.enabled_infos()
+        # An engine's scale is saved with mp.state_dict(), which this watcher does not recognise.
+        scalers = [i for i in self.scalers.enabled_infos() if not i.engine]
         if not scalers:
             self._latent()
             return

@@ -64,6 +64,13 @@ class ScalerInfo:
     saw_fp16: bool = False
     built_as: str = "torch.amp.GradScaler"
     """The class the script built, as it would spell it (``torch.cuda.amp.GradScaler``)."""
+    engine: bool = False
+    """The loss scaler of an ampkit engine (``watchers.engine``): it unscales inside ``mp.step``."""
+
+    @property
+    def label(self) -> str:
+        """What findings call it: ``GradScaler``, or the ampkit class the script built."""
+        return self.built_as if self.engine else "GradScaler"
 
     def off_reason(self) -> str | None:
         """Why the scaler is off: ``no_cuda`` or ``device`` (torch turned off a scaler the code enabled),
@@ -110,7 +117,8 @@ class ScalerWatch:
         """Every enabled scaler the run created, also after the script dropped it (end-of-run rules)."""
         return [i for i in self.infos if i.enabled]
 
-    def _new_info(self, sc: Any, info: ScalerInfo) -> ScalerInfo:
+    def add_scaler(self, sc: Any, info: ScalerInfo) -> ScalerInfo:
+        """Watch ``sc`` (a GradScaler, or an ampkit engine) as ``info``."""
         self.scalers[sc] = info
         self.infos.append(info)
         return info
@@ -132,7 +140,7 @@ class ScalerWatch:
     def info(self, sc: Any) -> ScalerInfo:
         info = self.scalers.get(sc)
         if info is None:
-            info = self._new_info(sc, ScalerInfo(
+            info = self.add_scaler(sc, ScalerInfo(
                 location=None, device=str(getattr(sc, "_device", "cuda")), requested=bool(sc._enabled),
                 enabled=bool(sc._enabled), init_scale=float(getattr(sc, "_init_scale", 0.0)),
             ))
@@ -143,7 +151,7 @@ class ScalerWatch:
         def __init__(sc: Any, *args: Any, **kwargs: Any) -> None:
             self.state.frames.call(orig, sc, *args, **kwargs)
             requested = kwargs.get("enabled", args[5] if len(args) > 5 else True)
-            self._new_info(sc, ScalerInfo(
+            self.add_scaler(sc, ScalerInfo(
                 location=self.state.frames.caller(), device=str(sc._device), requested=bool(requested),
                 enabled=bool(sc._enabled), init_scale=float(kwargs.get("init_scale", args[1] if len(args) > 1
                                                                        else 2.0**16)),
@@ -282,17 +290,21 @@ class ScalerWatch:
                 per_dev = list(state["found_inf_per_device"].values()) if state else []
                 if per_dev:
                     found = per_dev[0] if len(per_dev) == 1 else torch.stack([f.to(per_dev[0].device) for f in per_dev]).sum()
-                    self.optim.info(optimizer).last_found = (found, self.state.iteration)
-                    # GradScaler already synced on found_inf for non-fused optimizers: reading it again is free.
-                    urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or self.state.sampler.dense(
-                        self.state.iteration)
-                    scale_used = sc._scale.detach().clone()
-                    it = self.state.iteration
-                    self.state.signals.on_scaler_found(found, scale_used, it, primary, urgent)
+                    self.on_found(optimizer, found, sc._scale.detach().clone(), primary)
             if primary:
                 self.state.signals.end_iteration()
             return out
         return step
+
+    def on_found(self, optimizer: torch.optim.Optimizer, found: torch.Tensor, scale: torch.Tensor,
+                 primary: bool) -> None:
+        """A guarded step (``GradScaler.step`` or an ampkit engine's) produced ``found``: keep it for the
+        scheduler rule and signal it (read at once where the step already synced on it)."""
+        self.optim.info(optimizer).last_found = (found, self.state.iteration)
+        # Non-fused optimizers: the scaler already synced on found_inf to decide the step, reading it is free.
+        urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or self.state.sampler.dense(
+            self.state.iteration)
+        self.state.signals.on_scaler_found(found, scale, self.state.iteration, primary, urgent)
 
     def _wrap_update(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def update(sc: Any, new_scale: Any = None) -> Any:
@@ -334,7 +346,7 @@ class ScalerWatch:
             return None
         if src.enabled and src.kind == "torch":
             for sc, info in self.enabled_scalers():
-                if src.scale is not None and sc._scale is not None:
+                if src.scale is not None and not info.engine and sc._scale is not None:
                     info.backward_scaled = True
         return src
 
@@ -345,29 +357,40 @@ class ScalerWatch:
         owners = self.optim.owners(params)
         from torch.amp.grad_scaler import OptState
 
-        for sc, _info in scalers:
-            states = [sc._per_optimizer_states.get(id(o)) for o in owners] or [None]
-            if any(s is None or s["stage"] is OptState.READY for s in states):
-                location = self.state.frames.caller()
-                self.state.ledger.add(
-                    "CLIP_BEFORE_UNSCALE", key=location,
-                    message=(
-                        f"{fname} ran on gradients that still hold loss × scale (scaler.unscale_(optimizer) "
-                        "was not called first): the threshold is compared with scaled norms, so gradients "
-                        "are clipped far harder than intended (or not at all once the scale drops)"
-                    ),
-                    fix=("call scaler.unscale_(optimizer) right before clipping: `scaler.scale(loss).backward(); "
-                         "scaler.unscale_(optimizer); torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm); "
-                         "scaler.step(optimizer); scaler.update()`"),
-                    location=location, step=self.state.iteration, evidence={"function": fname},
-                )
+        for sc, info in scalers:
+            # An engine's info is scaled exactly from its backward to its unscale (watchers.engine).
+            states = [] if info.engine else [sc._per_optimizer_states.get(id(o)) for o in owners] or [None]
+            if info.engine or any(s is None or s["stage"] is OptState.READY for s in states):
+                self._clip_before_unscale(fname, info)
                 return
+
+    def _clip_before_unscale(self, fname: str, info: ScalerInfo) -> None:
+        location = self.state.frames.caller()
+        if info.engine:
+            unscaled_by = f"the {info.built_as} engine unscales them inside its step, after this call"
+            fix = ("let the engine clip after its unscale: `MixedPrecision(..., clip_grad_norm=max_norm)` (under "
+                   "Lightning with AmpkitPrecision: `Trainer(gradient_clip_val=max_norm)`, or clip in "
+                   "`on_before_optimizer_step`, which runs on the unscaled gradients)")
+        else:
+            unscaled_by = "scaler.unscale_(optimizer) was not called first"
+            fix = ("call scaler.unscale_(optimizer) right before clipping: `scaler.scale(loss).backward(); "
+                   "scaler.unscale_(optimizer); torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm); "
+                   "scaler.step(optimizer); scaler.update()`")
+        self.state.ledger.add(
+            "CLIP_BEFORE_UNSCALE", key=location,
+            message=(
+                f"{fname} ran on gradients that still hold loss × scale ({unscaled_by}): the threshold is "
+                "compared with scaled norms, so gradients are clipped far harder than intended (or not at all "
+                "once the scale drops)"
+            ),
+            fix=fix, location=location, step=self.state.iteration, evidence={"function": fname},
+        )
 
     def on_direct_step(self, opt: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` called outside ``scaler.step`` while gradients are scaled."""
         self.direct_steps += 1
         for _sc, info in self.enabled_scalers():
-            if info.backward_scaled:
+            if info.backward_scaled and not info.engine:
                 location = self.state.frames.caller()
                 self.state.ledger.add(
                     "UNSCALE_ORDER_ERROR", key=("direct", location),

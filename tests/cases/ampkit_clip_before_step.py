@@ -1,0 +1,30 @@
+"""House-price regressor trained with ampkit.MixedPrecision in fp16, two micro-batches per step.
+
+The gradients are clipped after each mp.backward(), while they still hold loss x 65536: the engine
+unscales them only inside mp.step(), so clip_grad_norm_(max_norm=1.0) measures scaled norms and
+cuts every update down to almost nothing.
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import ampkit
+
+torch.manual_seed(0)
+features = torch.randn(192, 12)
+prices = features @ torch.linspace(-1.0, 1.0, 12) + 0.1 * torch.randn(192)
+
+model = nn.Sequential(nn.Linear(12, 48), nn.GELU(), nn.Linear(48, 48), nn.GELU(), nn.Linear(48, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+mp = ampkit.MixedPrecision("fp16", device="cpu", grad_accumulation=2)
+mp.prepare(model)
+
+for i in range(12):
+    x, y = features[i * 16:(i + 1) * 16], prices[i * 16:(i + 1) * 16]
+    with mp.autocast():
+        pred = model(x).squeeze(-1)
+    loss = F.mse_loss(pred.float(), y)
+    mp.backward(loss)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    mp.step(optimizer)
+print(f"loss {loss.item():.4f}")
