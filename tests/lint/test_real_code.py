@@ -38,7 +38,8 @@ def _package_root(name: str) -> str | None:
     spec = importlib.util.find_spec(name)  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None
-    return next(iter(spec.submodule_search_locations))
+    # str(): an imported package with a lazy module (transformers) lists its folder as a Path
+    return str(next(iter(spec.submodule_search_locations)))
 
 
 def _version(name: str) -> str | None:
