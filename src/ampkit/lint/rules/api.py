@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from ampkit.lint.astutil import call_arg, const_bool, expr_key, has_star_kwargs, last_name, name_or_str
 from ampkit.lint.context import FileContext
 from ampkit.lint.core import Hit, rule
+from ampkit.lint.rules.releases import before_release
 
 __all__ = ["DEPRECATED", "RULES", "deprecated_message", "deprecated_references"]
 
@@ -62,42 +63,23 @@ def deprecated_references(ctx: FileContext) -> Iterator[tuple[ast.expr, str, ast
 _VERSION_WORDS = re.compile(r"version|torch_(?:greater|less|ge|gt|le|lt)|torch_\d", re.IGNORECASE)
 
 
-def _compat_branch(ctx: FileContext, node: ast.AST, tried: Callable[[ast.Call], bool] | None = None) -> bool:
+def _compat_branch(ctx: FileContext, node: ast.AST) -> bool:
     """True inside a torch-version / feature check or an ``except`` fallback: the old API is then
-    the deliberate choice for old releases (``GradScaler("cuda") if TORCH_2_4 else torch.cuda.amp...``).
-
-    With ``tried`` the test is stricter, for rules whose old spelling is a real risk on every release:
-    an ``except`` counts only as the old-release fallback of a ``try`` that makes a call ``tried``
-    accepts (the current spelling) and catches ``TypeError``/``AttributeError`` (what an old torch
-    raises for an unknown argument or attribute), so ``except UnpicklingError: torch.load(path)``
-    after a ``weights_only=True`` attempt, an unsafe retry, is still reported; and a version check
-    must name torch (``hasattr(self, "use_nested_tensor")`` or a file-format version is not one)."""
-    version_test = _is_version_test if tried is None else _is_torch_version_test
+    the deliberate choice for old releases (``GradScaler("cuda") if TORCH_2_4 else torch.cuda.amp...``)."""
     parents = ctx.parents
     child, parent = node, parents.get(id(node))
     while parent is not None:
-        if isinstance(parent, ast.ExceptHandler) and (tried is None or _old_release_handler(ctx, parent, tried)):
+        if isinstance(parent, ast.ExceptHandler):
             return True
-        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test and version_test(parent.test):
+        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test and _is_version_test(parent.test):
             return True
-        if isinstance(child, ast.stmt) and _after_version_return(parent, child, version_test):
+        if isinstance(child, ast.stmt) and _after_version_return(parent, child):
             return True
         child, parent = parent, parents.get(id(parent))
     return False
 
 
-_OLD_RELEASE_ERRORS = frozenset({"TypeError", "AttributeError"})
-
-
-def _old_release_handler(ctx: FileContext, handler: ast.ExceptHandler, tried: Callable[[ast.Call], bool]) -> bool:
-    caught = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    if not any(last_name(t) in _OLD_RELEASE_ERRORS for t in caught if t is not None):
-        return False
-    body = getattr(ctx.parents.get(id(handler)), "body", [])  # an except's parent is a try (or try*)
-    return any(isinstance(n, ast.Call) and tried(n) for stmt in body for n in ast.walk(stmt))
-
-
-def _after_version_return(parent: ast.AST, stmt: ast.stmt, version_test: Callable[[ast.expr], bool]) -> bool:
+def _after_version_return(parent: ast.AST, stmt: ast.stmt) -> bool:
     # if torch_version >= (2, 4): return torch.amp.GradScaler("cuda")
     # return torch.cuda.amp.GradScaler()          <- the implicit else branch
     for fld in ("body", "orelse", "finalbody"):
@@ -105,7 +87,7 @@ def _after_version_return(parent: ast.AST, stmt: ast.stmt, version_test: Callabl
         if isinstance(block, list) and any(s is stmt for s in block):
             for before in block[: next(i for i, s in enumerate(block) if s is stmt)]:
                 if (isinstance(before, ast.If) and before.body and isinstance(before.body[-1], (ast.Return, ast.Raise))
-                        and version_test(before.test)):
+                        and _is_version_test(before.test)):
                     return True
     return False
 
@@ -120,10 +102,6 @@ def _is_version_test(test: ast.expr) -> bool:
         if _VERSION_WORDS.search(text):
             return True
     return False
-
-
-def _is_torch_version_test(test: ast.expr) -> bool:
-    return _is_version_test(test) and any("torch" in (name_or_str(node) or "").lower() for node in ast.walk(test))
 
 
 @rule(code="AMP101", name="deprecated-amp-api",
@@ -203,8 +181,8 @@ def amp110(ctx: FileContext) -> Iterator[Hit]:
         call = site.node
         assert isinstance(call, ast.Call)
         if (not call.args and not call.keywords and ctx.qualname(call.func) == "torch.is_autocast_enabled"
-                and not _compat_branch(ctx, call, lambda c: ctx.qualname(c.func) == "torch.is_autocast_enabled"
-                                       and bool(c.args or c.keywords))):
+                and not before_release(ctx, call, (2, 4), lambda c: bool(c.args or c.keywords)
+                                       and ctx.qualname(c.func) == "torch.is_autocast_enabled")):
             yield call, ("torch.is_autocast_enabled() without a device answers for CUDA only (False "
                          "under CPU/XPU/MPS autocast); pass the device: torch.is_autocast_enabled(x.device.type)")
 
@@ -222,9 +200,9 @@ def amp113(ctx: FileContext) -> Iterator[Hit]:
         if ctx.qualname(call.func) not in _LOADERS:
             continue
         flag = call_arg(call, None, "weights_only")
-        if flag is None and _compat_branch(ctx, call, lambda c: ctx.qualname(c.func) in _LOADERS
+        if flag is None and before_release(ctx, call, (1, 13), lambda c: ctx.qualname(c.func) in _LOADERS
                                            and call_arg(c, None, "weights_only") is not None):
-            continue  # torch without the weights_only argument: the bare call is the only one there is
+            continue  # torch before 1.13 has no weights_only: the bare call is the only one there is
         if flag is None:
             if has_star_kwargs(call):
                 continue  # may be passed through **kwargs: cannot decide
