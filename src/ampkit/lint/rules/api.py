@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from ampkit.lint.astutil import call_arg, const_bool, expr_key, has_star_kwargs, last_name, name_or_str
 from ampkit.lint.context import FileContext
 from ampkit.lint.core import Hit, rule
+from ampkit.lint.rules.releases import before_release
 
 __all__ = ["DEPRECATED", "RULES", "deprecated_message", "deprecated_references"]
 
@@ -182,8 +183,9 @@ def amp110(ctx: FileContext) -> Iterator[Hit]:
     for _, site in ctx.calls():
         call = site.node
         assert isinstance(call, ast.Call)
-        if not call.args and not call.keywords and ctx.qualname(call.func) == "torch.is_autocast_enabled" \
-                and not _compat_branch(ctx, call):  # before torch 2.4 there was no device argument
+        if (not call.args and not call.keywords and ctx.qualname(call.func) == "torch.is_autocast_enabled"
+                and not before_release(ctx, call, (2, 4), lambda c: bool(c.args or c.keywords)
+                                       and ctx.qualname(c.func) == "torch.is_autocast_enabled")):
             yield call, ("torch.is_autocast_enabled() without a device answers for CUDA only (False "
                          "under CPU/XPU/MPS autocast); pass the device: torch.is_autocast_enabled(x.device.type)")
 
@@ -201,6 +203,9 @@ def amp113(ctx: FileContext) -> Iterator[Hit]:
         if ctx.qualname(call.func) not in _LOADERS:
             continue
         flag = call_arg(call, None, "weights_only")
+        if flag is None and before_release(ctx, call, (1, 13), lambda c: ctx.qualname(c.func) in _LOADERS
+                                           and call_arg(c, None, "weights_only") is not None):
+            continue  # torch before 1.13 has no weights_only: the bare call is the only one there is
         if flag is None:
             if has_star_kwargs(call):
                 continue  # may be passed through **kwargs: cannot decide
