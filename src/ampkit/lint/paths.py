@@ -32,7 +32,7 @@ from ampkit.lint.astutil import expr_key
 from ampkit.lint.flow import LOOPS, Scope, Site
 
 __all__ = ["BRANCH", "CALL", "END", "EXIT", "ITER", "JUMP", "LOOP", "MAX_PATHS", "RAISE", "Event", "Path",
-           "build_paths", "test_key"]
+           "build_paths", "implied", "test_key"]
 
 CALL, BRANCH, LOOP, ITER, EXIT, JUMP, END, RAISE = "call", "branch", "loop", "iter", "exit", "jump", "end", "raise"
 MAX_PATHS = 512
@@ -75,6 +75,29 @@ def test_key(test: ast.expr) -> tuple[str, bool]:
     while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         test, polarity = test.operand, not polarity
     return expr_key(test) or ast.dump(test), polarity
+
+
+def implied(test: ast.expr, outcome: bool) -> tuple[tuple[str, bool], ...]:
+    """The tests decided by ``test`` having evaluated to ``outcome``, as ``(key, value)`` pairs.
+
+    A true ``a and not b`` decides ``a`` and ``b`` as well (and a false ``a or b`` both operands), so a
+    later ``if not b:`` on the same path takes the side it must (Lightning's
+    ``if ... and not skip: unscale_()`` ... ``if not skip: step(); update()``).
+
+    >>> both = ast.parse("ready and not skip", mode="eval").body
+    >>> implied(both, True)[1:]
+    (('ready', True), ('skip', False))
+    >>> len(implied(both, False))  # the test itself only: either operand may have been false
+    1
+    """
+    key, polarity = test_key(test)
+    facts: tuple[tuple[str, bool], ...] = ((key, outcome == polarity),)
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, outcome = test.operand, not outcome
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And if outcome else ast.Or):
+        for value in test.values:
+            facts += implied(value, outcome)
+    return facts
 
 
 def build_paths(scope: Scope, wanted: Callable[[Site], bool]) -> tuple[list[Path], bool]:
@@ -193,7 +216,7 @@ class _Paths:
                 sides[0 if taken else 1].append(((Event(BRANCH, stmt, taken=taken, forced=True), chain), decided))
                 continue
             for taken in (True, False):
-                now = (*decided, (key, taken == polarity))
+                now = (*decided, *implied(test, taken))
                 sides[0 if taken else 1].append(((Event(BRANCH, stmt, taken=taken), chain), now))
         out = self.block(stmt.body, self.cap(sides[0]))
         self.merge(out, self.block(stmt.orelse, self.cap(sides[1])))
