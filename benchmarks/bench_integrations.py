@@ -14,7 +14,11 @@ measures the plugin's own bookkeeping (no autocast, no scaler).  Stock ``"16-mix
 fair reference on CPU: Lightning runs it as bf16 without a scaler, while ``AmpkitPrecision("16-mixed")``
 runs real fp16 with loss scaling.  A third variant, ``AmpkitPrecision(P, skip_nonfinite=False)``,
 separates the plugin's bookkeeping from the default's extra safety (a step whose gradients hold
-inf/NaN is skipped also without a scaler: one fused check and one host read per step).
+inf/NaN is skipped also without a scaler: one fused check and one host read per step).  Step-time
+differences of a few percent drown in run-to-run noise at this step size, so (b) also times the
+plugins themselves: the time inside each plugin's ``optimizer_step`` outside the closure (forward,
+backward) and outside the optimizer's own ``step``, stock plugin and ampkit's alike; the
+difference of the medians, over the stock median step, is what the plugin adds.
 
 Model: a 2-layer GPT-2 config (d=128, 4 heads, sequence 128, vocabulary 512, batch 8, ~0.4M
 parameters), built from the config, nothing downloaded.  Each variant trains its own copy (same
@@ -61,6 +65,9 @@ class Variant:
     chunks: list[float] = field(default_factory=list)
     """The median step time of each chunk."""
     chunk: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)
+    """Lightning only: seconds per step inside the precision plugin's ``optimizer_step``, outside
+    the closure (forward and backward) and outside the optimizer's own ``step``."""
 
 
 def gpt2() -> Any:
@@ -109,6 +116,7 @@ def hf_variants(steps: int, out: str) -> list[Variant]:
 
 def lightning_variants(steps: int, precision: str) -> list[Variant]:
     import lightning.pytorch as pl
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
     from torch.utils.data import DataLoader
 
     from ampkit.integrations.lightning import AmpkitPrecision
@@ -127,7 +135,7 @@ def lightning_variants(steps: int, precision: str) -> list[Variant]:
     loader = DataLoader(dataset(BATCH * steps), batch_size=BATCH)
     base = gpt2()
 
-    def variant(name: str, plugin: Callable[[], Any] | None) -> Variant:
+    def variant(name: str, plugin: Callable[[], Any]) -> Variant:
         module = LitGPT(copy.deepcopy(base))
         v = Variant(name, lambda n: None)
 
@@ -139,9 +147,9 @@ def lightning_variants(steps: int, precision: str) -> list[Variant]:
                 v.chunk.append(time.perf_counter() - self.t0)
 
         def run_chunk(n: int) -> None:
-            kw: dict[str, Any] = {"plugins": [plugin()]} if plugin is not None else {"precision": precision}
             trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=n, logger=False, enable_checkpointing=False,
-                                 enable_progress_bar=False, enable_model_summary=False, callbacks=[Timer()], **kw)
+                                 enable_progress_bar=False, enable_model_summary=False, callbacks=[Timer()],
+                                 plugins=[timed(plugin(), v)])
             trainer.fit(module, loader)
 
         v.run_chunk = run_chunk
@@ -150,10 +158,46 @@ def lightning_variants(steps: int, precision: str) -> list[Variant]:
     # The default skips a step whose gradients hold inf/NaN also without a scaler (bf16): one fused
     # non-finite check over the gradients and one host read per step that stock Lightning does not
     # make.  The third variant turns it off, which leaves the plugin's own bookkeeping.
-    return [variant(f"Lightning precision={precision!r} (baseline)", None),
+    # The stock plugin Lightning builds for Trainer(precision=...) on CPU, built here so that it is timed too.
+    stock = (lambda: MixedPrecision(precision, "cpu")) if precision.endswith("-mixed") else Precision
+    return [variant(f"Lightning precision={precision!r} (baseline)", stock),
             variant(f"Lightning AmpkitPrecision({precision!r})", lambda: AmpkitPrecision(precision)),
             variant(f"Lightning AmpkitPrecision({precision!r}, skip_nonfinite=False)",
                     lambda: AmpkitPrecision(precision, skip_nonfinite=False))]
+
+
+def timed(plugin: Any, v: Variant) -> Any:
+    """``plugin`` whose ``optimizer_step`` appends to ``v.own`` the time it spends outside the closure
+    and outside the optimizer's own ``step`` (which may run the closure inside it, as stock
+    Lightning's plugins do): what the plugin itself adds to a step."""
+    inner = type(plugin).optimizer_step
+
+    def optimizer_step(optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
+        marks: dict[str, float] = {}
+
+        def timed_closure() -> Any:
+            marks["c0"] = time.perf_counter()
+            try:
+                return closure()
+            finally:
+                marks["c1"] = time.perf_counter()
+
+        pre = optimizer.register_step_pre_hook(lambda *a: marks.__setitem__("s0", time.perf_counter()))
+        post = optimizer.register_step_post_hook(lambda *a: marks.__setitem__("s1", time.perf_counter()))
+        t0 = time.perf_counter()
+        try:
+            return inner(plugin, optimizer, model, timed_closure, **kwargs)
+        finally:
+            busy = time.perf_counter() - t0
+            pre.remove()
+            post.remove()
+            closure_s = marks.get("c1", 0.0) - marks.get("c0", 0.0)
+            step_s = marks.get("s1", 0.0) - marks.get("s0", 0.0)
+            nested = "s0" in marks and marks["s0"] <= marks.get("c0", 0.0) <= marks.get("s1", 0.0)
+            v.own.append(busy - (step_s if nested else step_s + closure_s))
+
+    plugin.optimizer_step = optimizer_step
+    return plugin
 
 
 def interleave(variants: list[Variant], steps: int, chunk: int, warmup: int) -> None:
@@ -163,9 +207,9 @@ def interleave(variants: list[Variant], steps: int, chunk: int, warmup: int) -> 
         for v in order:
             v.chunk = []
             v.run_chunk(chunk + warmup)
-            timed = v.chunk[warmup:]
-            v.times.extend(timed)
-            v.chunks.append(statistics.median(timed))
+            kept = v.chunk[warmup:]
+            v.times.extend(kept)
+            v.chunks.append(statistics.median(kept))
 
 
 def table(title: str, variants: list[Variant]) -> tuple[str, float]:
@@ -179,6 +223,19 @@ def table(title: str, variants: list[Variant]) -> tuple[str, float]:
         chunked = statistics.median(c / b for c, b in zip(v.chunks, base.chunks))
         lines.append(f"| {v.name} | {len(v.times)} | {med * 1e3:.1f} | {ratios[-1]:.3f} | {chunked:.3f} |")
     return "\n".join(lines), ratios[1:]
+
+
+def plugin_time_table(variants: list[Variant]) -> str:
+    """The precision plugins' own time per step (outside forward, backward and the optimizer's step):
+    unlike a difference of step times, it does not drown in the step's run-to-run noise."""
+    base_step = statistics.median(variants[0].times)
+    base_own = statistics.median(variants[0].own)
+    lines = ["time inside the precision plugin's optimizer_step, outside the closure and the optimizer's step",
+             "| variant | steps | median ms/step | added vs stock, % of the stock step |", "|---|---:|---:|---:|"]
+    for v in variants:
+        own = statistics.median(v.own)
+        lines.append(f"| {v.name} | {len(v.own)} | {own * 1e3:.2f} | {(own - base_own) / base_step * 100:+.2f}% |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_table, (hf_ratio,) = table("(a) Hugging Face Trainer, fp32", hf)
     lit_table, (lit_ratio, lit_bare) = table(f"(b) Lightning, {precision}", lit)
     print(hf_table, lit_table, sep="\n\n")
+    print(plugin_time_table(lit))
     print(f"median step-time ratio: Trainer + AmpkitCallback {hf_ratio:.3f}, AmpkitPrecision {lit_ratio:.3f} "
           f"({lit_bare:.3f} with skip_nonfinite=False) (target <= 1.03)")
     return 0
