@@ -15,6 +15,7 @@ import torch
 
 __all__ = [
     "DEVICE_TYPES",
+    "LOW_PRECISION_DTYPES",
     "PRECISION_ALIASES",
     "Precision",
     "PrecisionError",
@@ -22,6 +23,9 @@ __all__ = [
     "cpu_has_fast_fp16",
     "resolve_device",
 ]
+
+LOW_PRECISION_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+"""The 16-bit floating formats autocast computes in (what "low precision" means in every finding)."""
 
 
 class PrecisionError(ValueError):

@@ -31,10 +31,9 @@ from torch import nn
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.findings import Finding, mixed_precision_off
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["PrecisionInEffect", "preflight"]
-
-_LOW = (torch.float16, torch.bfloat16)
 
 
 class PrecisionInEffect:
@@ -110,7 +109,7 @@ def _low_params(model: nn.Module | None, optimizers: Sequence[torch.optim.Optimi
     params = [p for o in optimizers for g in o.param_groups for p in g["params"]] or (
         list(model.parameters()) if model is not None else [])
     trainable = {id(p): p for p in params if p.requires_grad}
-    low = [p for p in trainable.values() if p.dtype in _LOW]
+    low = [p for p in trainable.values() if p.dtype in LOW_PRECISION_DTYPES]
     if not low:
         return []
     dtypes = sorted({dtype_name(p.dtype) for p in low})

@@ -26,11 +26,9 @@ from ampkit.diagnose.step.api import diagnose_program
 from ampkit.diagnose.step.programs import OutputGradProgram
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.diagnose.step.session import RngSnapshot, Session
-from ampkit.precision import Precision
+from ampkit.precision import LOW_PRECISION_DTYPES, Precision
 
 __all__ = ["framework_autocast_off", "replay_capture", "replay_precision"]
-
-_LOW = (torch.float16, torch.bfloat16)
 
 
 def replay_precision(cap: Capture, intended: str | None) -> tuple[str, torch.dtype, bool] | None:
@@ -39,14 +37,14 @@ def replay_precision(cap: Capture, intended: str | None) -> tuple[str, torch.dty
     The capture's own autocast state wins; half parameters replay without autocast; an fp32
     forward replays under ``intended`` (``--precision``) when given.
     """
-    if cap.autocast_enabled and cap.autocast_dtype in _LOW:
+    if cap.autocast_enabled and cap.autocast_dtype in LOW_PRECISION_DTYPES:
         return dtype_name(cap.autocast_dtype), cap.autocast_dtype, True
-    if cap.param_dtype in _LOW:
+    if cap.param_dtype in LOW_PRECISION_DTYPES:
         assert cap.param_dtype is not None
         return dtype_name(cap.param_dtype), cap.param_dtype, False
     if intended and intended != "fp32":
         prec = Precision.parse(intended, cap.device)
-        if prec.dtype in _LOW:
+        if prec.dtype in LOW_PRECISION_DTYPES:
             return prec.name, prec.dtype, True
     return None
 

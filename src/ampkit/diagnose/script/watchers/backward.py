@@ -10,14 +10,13 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.state import WatchState
     from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 
 __all__ = ["BackwardWatch"]
-
-_LOW = (torch.float16, torch.bfloat16)
 
 
 class BackwardWatch:
@@ -78,7 +77,7 @@ class BackwardWatch:
                 ),
                 location=self.state.frames.caller(), step=self.state.iteration,
             )
-        if loss.numel() == 1 and loss.dtype in _LOW:
+        if loss.numel() == 1 and loss.dtype in LOW_PRECISION_DTYPES:
             location = self.state.frames.caller()
             self.state.ledger.add(
                 "LOSS_IN_LOW_PRECISION", key=location,

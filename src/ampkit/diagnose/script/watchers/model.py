@@ -24,11 +24,11 @@ from torch.utils._pytree import tree_flatten
 
 from ampkit._util.autograd import sole_cast_consumers
 from ampkit.diagnose.script.watchers.compile import is_compile_wrapper
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["Capture", "ModelWatch"]
 
 _AUTOCAST_DEVICES = tuple(d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d))
-_LOW = (torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -77,9 +77,9 @@ class Capture:
     @property
     def low_precision(self) -> torch.dtype | None:
         """The low-precision dtype this forward ran in (autocast or half parameters), or None."""
-        if self.autocast_enabled and self.autocast_dtype in _LOW:
+        if self.autocast_enabled and self.autocast_dtype in LOW_PRECISION_DTYPES:
             return self.autocast_dtype
-        return self.param_dtype if self.param_dtype in _LOW else None
+        return self.param_dtype if self.param_dtype in LOW_PRECISION_DTYPES else None
 
     def outputs_finite(self) -> bool:
         """Whether every captured output is finite (a host read: failure path only)."""

@@ -15,6 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.state import WatchState
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 
 __all__ = ["OptInfo", "OptimWatch"]
-
-_LOW = (torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -137,7 +136,7 @@ class OptimWatch:
             self.state.signals.end_iteration()
 
     def _check_params(self, opt: torch.optim.Optimizer, info: OptInfo) -> None:
-        low = [p for g in opt.param_groups for p in g["params"] if p.requires_grad and p.dtype in _LOW]
+        low = [p for g in opt.param_groups for p in g["params"] if p.requires_grad and p.dtype in LOW_PRECISION_DTYPES]
         if not low:
             return
         names = self.state.models.param_names()

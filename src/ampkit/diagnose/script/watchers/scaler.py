@@ -22,6 +22,7 @@ from ampkit.diagnose.script.errors import exception_finding
 from ampkit.diagnose.script.order import OrderContext, explain_order
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.where import where_now
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.state import WatchState
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ScaledSource", "ScalerInfo", "ScalerWatch"]
 
-_LOW = (torch.float16, torch.bfloat16)
 
 @dataclass
 class ScaledSource:
@@ -211,7 +211,7 @@ class ScalerWatch:
         ins, _ = tree_flatten(outputs)
         outs, _ = tree_flatten(out)
         for a, b in zip(ins, outs):
-            if isinstance(a, torch.Tensor) and a.dtype in _LOW:
+            if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION_DTYPES:
                 it = self.state.iteration
                 location = self.state.frames.caller()
                 overflow = (~torch.isfinite(b.detach())).any() & torch.isfinite(a.detach()).all()
