@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "BF16_NEEDS_NO_SCALER",
     "CODES",
+    "LOW_PRECISION_UPDATES_LOST",
     "NONFINITE_DATA_FIX",
     "SCALE_COLLAPSE_CAUSES",
     "SEVERITY_ORDER",
@@ -103,6 +105,18 @@ NONFINITE_DATA_FIX = (
     "torch.isfinite(x).all(dim=1)), and check torch.isfinite(batch).all() in the data pipeline"
 )
 """The fix of non-finite data (NONFINITE_INPUT, and SCALE_COLLAPSE caused by it)."""
+
+LOW_PRECISION_UPDATES_LOST = (
+    "updates smaller than the weight's rounding step (2^-11 relative in fp16, 2^-8 in bf16) are lost, "
+    "so training stalls or drifts"
+)
+"""Why trainable parameters stored in fp16/bf16 are a problem (LOW_PRECISION_PARAMS)."""
+
+BF16_NEEDS_NO_SCALER = (
+    "bf16 has fp32's exponent range, so gradients do not underflow and scaling only adds work (and "
+    "skipped steps when the scale overshoots)"
+)
+"""Why a GradScaler is not wanted with bf16 (SCALER_WITH_BF16)."""
 
 
 def nonfinite_input(where: str) -> tuple[str, str]:

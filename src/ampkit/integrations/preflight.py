@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ampkit._util.dtypes import dtype_name
-from ampkit.findings import Finding, mixed_precision_off
+from ampkit.findings import BF16_NEEDS_NO_SCALER, LOW_PRECISION_UPDATES_LOST, Finding, mixed_precision_off
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["PrecisionInEffect", "preflight"]
@@ -79,9 +79,7 @@ def preflight(*, requested: str | None = None, actual: str = "fp32", precision: 
     if enabled and precision.actual == "bf16":
         found.append(Finding(
             code="SCALER_WITH_BF16", severity="warning",
-            message=(f"{framework} scales the loss with a GradScaler while autocast runs bf16: bf16 has fp32's "
-                     "exponent range, so gradients do not underflow and scaling only adds work (and skipped "
-                     "steps when the scale overshoots)"),
+            message=f"{framework} scales the loss with a GradScaler while autocast runs bf16: {BF16_NEEDS_NO_SCALER}",
             fix="drop the GradScaler for bf16, or create it with enabled=(dtype == torch.float16)",
             evidence={"actual": "bf16"}))
     fused = [type(o).__name__ for o in optimizers if _is_fused(o)]
@@ -117,9 +115,8 @@ def _low_params(model: nn.Module | None, optimizers: Sequence[torch.optim.Optimi
     return [Finding(
         code="LOW_PRECISION_PARAMS", severity="error",
         message=(f"{len(low)} of {len(trainable)} trainable parameters are stored in {'/'.join(dtypes)} before "
-                 f"{framework}'s first step ({', '.join(shown)}{', ...' if len(low) > 5 else ''}): updates smaller "
-                 "than the weight's rounding step (2^-8 relative in bf16, 2^-11 in fp16) are lost, so training "
-                 "stalls or drifts; a model loaded from a bf16/fp16 checkpoint keeps that dtype (transformers v5 "
+                 f"{framework}'s first step ({', '.join(shown)}{', ...' if len(low) > 5 else ''}): "
+                 f"{LOW_PRECISION_UPDATES_LOST}; a model loaded from a bf16/fp16 checkpoint keeps that dtype (transformers v5 "
                  "keeps the checkpoint's dtype by default)"),
         fix=("load the weights in fp32 (from_pretrained(..., dtype=torch.float32), or model.float()) and let "
              "mixed precision (bf16=True / fp16=True, autocast) cast them per op"),

@@ -14,7 +14,7 @@ import torch
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.perf import low_precision_speed
 from ampkit.diagnose.script.mixed import report_mixed_precision_off, scaler_off_too
-from ampkit.findings import Finding, scale_collapse, scheduler_stepped_on_skip
+from ampkit.findings import BF16_NEEDS_NO_SCALER, Finding, scale_collapse, scheduler_stepped_on_skip
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.context import Context
@@ -169,8 +169,7 @@ def _scaler_with_bf16(ctx: Context) -> None:
             ctx.ledger.add(
                 "SCALER_WITH_BF16", key=info.location,
                 message=(f"a GradScaler (created at {info.location}) scales a loss computed under bf16 autocast: "
-                         "bf16 has fp32's exponent range, so gradients do not underflow and scaling only adds "
-                         "work (and skipped steps when the scale overshoots)"),
+                         f"{BF16_NEEDS_NO_SCALER}"),
                 fix="drop the GradScaler for bf16 (`loss.backward(); optimizer.step()`), or pass "
                     "`enabled=(dtype == torch.float16)`",
                 location=info.location,

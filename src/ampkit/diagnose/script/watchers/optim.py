@@ -15,6 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.findings import LOW_PRECISION_UPDATES_LOST
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
@@ -148,8 +149,7 @@ class OptimWatch:
             message=(
                 f"{type(opt).__name__} (created at {info.location}) updates {len(low)} of {total} trainable "
                 f"parameters stored in {'/'.join(dtypes)} ({', '.join(shown)}{', ...' if len(low) > 5 else ''}): "
-                "updates smaller than the weight's rounding step (2^-11 relative in fp16, 2^-8 in bf16) are "
-                "lost, so training stalls or drifts, and fp16 gradients overflow when unscaled"
+                f"{LOW_PRECISION_UPDATES_LOST}, and fp16 gradients overflow when unscaled"
             ),
             fix=(
                 "keep the parameters in fp32 (remove model.half() / .to(torch.float16/bfloat16)) and run the "
