@@ -9,7 +9,7 @@ TORCH  := torch==2.13.0
 BASE   := $(VENV)/.ampkit-base
 STAMP  := $(VENV)/.ampkit-installed
 
-.PHONY: venv test lint typecheck pytest demo bench clean
+.PHONY: venv test lint typecheck pytest demo bench gpu-check clean
 
 $(BASE): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,19 @@ demo: $(BASE)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# The GPU check runs on the interpreter that already holds the CUDA build of torch (PYTHON=...;
+# default: this venv when it exists, else python3) and never builds a venv or installs torch.  It
+# installs ampkit itself, without dependencies or downloads, unless that interpreter already imports
+# this checkout; where the install is refused it runs ampkit from src/ (docs/gpu-check.md).
+GPU_PYTHON := $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(PY)),$(PY),$(PYTHON)))
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@if ! $(GPU_PYTHON) -c "import ampkit, pathlib, sys; sys.exit(pathlib.Path(ampkit.__file__).resolve().parent != pathlib.Path('src/ampkit').resolve())" 2>/dev/null; then \
+		$(GPU_PYTHON) -m pip install -q --no-deps --no-build-isolation -e . \
+		|| echo "gpu-check: could not install ampkit into $(GPU_PYTHON); running it from src/"; \
+	fi
+	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,153 @@
+"""benchmarks/gpu_check.py as a program: the no-CUDA skip, argument errors, a CPU run, time caps and signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpucheck.runner import run_section
+from gpucheck.table import SECTIONS, section
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def _section_processes(marker: str) -> list[int]:
+    """Pids of live processes whose command line contains ``marker`` (zombies excluded)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _descendants(root: int) -> list[int]:
+    """Live descendants of ``root`` (read from /proc; zombies have an empty command line and are left out)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                if (entry / "cmdline").read_bytes():
+                    parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes():
+                alive.append(pid)
+        except OSError:
+            continue
+    return alive
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run")
+def test_gpu_check_without_cuda_writes_the_skipped_json_and_exits_0(tmp_path: Path) -> None:
+    done = _run("--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert report["schema"] == "ampkit.gpu-check/1"
+    assert report["skipped"] == "no CUDA device" and report["status"] == "skipped" and report["sections"] == []
+    assert "Skipped: no CUDA device." in (tmp_path / "gpu-check.md").read_text()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--only", "bitexact,warp"], "unknown section(s) warp; choose from bitexact,nosync,ratios"),
+    (["--only", ","], "no section named"),
+])
+def test_gpu_check_bad_only_exits_2_naming_the_sections(tmp_path: Path, args: list[str], needle: str) -> None:
+    done = _run(*args, "--out", str(tmp_path))
+    assert done.returncode == 2 and needle in done.stderr
+    assert not (tmp_path / "gpu-check.json").exists()
+
+
+def test_gpu_check_out_that_is_a_file_exits_2(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("keep me")
+    done = _run("--out", str(target))
+    assert done.returncode == 2 and "is a file" in done.stderr
+    assert target.read_text() == "keep me"
+
+
+def test_gpu_check_cpu_tiny_run_writes_both_reports_in_run_order(tmp_path: Path) -> None:
+    done = _run("--device", "cpu", "--tiny", "--only", "replay,bitexact,nosync", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert report["complete"] and report["status"] == "pass" and report["tiny"]
+    assert [s["name"] for s in report["sections"]] == ["bitexact", "nosync", "replay"]
+    statuses = {s["name"]: s["status"] for s in report["sections"]}
+    assert statuses == {"bitexact": "pass", "nosync": "skipped", "replay": "pass"}
+    assert len(report["sections"][0]["checks"]) == 9
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert "| bitexact | fp16-forced-skips | pass |" in md and "| nosync | | skipped |" in md
+    assert "===== replay" in (tmp_path / "gpu-check.log").read_text()
+    assert not list(tmp_path.glob(".*.result.jsonl"))
+
+
+def test_gpu_check_section_past_its_cap_is_timed_out_and_its_processes_are_gone(tmp_path: Path) -> None:
+    entry = run_section(section("verify"), script=SCRIPT, device="cpu", tiny=True, out=tmp_path, limit_s=4.0,
+                        log=tmp_path / "log")
+    assert entry["status"] == "timed out" and "killed after its cap of 4 s" in entry["error"]
+    time.sleep(0.5)
+    assert _section_processes(str(tmp_path)) == []
+
+
+def test_gpu_check_section_that_raises_is_an_error_with_the_message(tmp_path: Path) -> None:
+    entry = run_section(section("replay"), script=SCRIPT, device="meta", tiny=True, out=tmp_path, limit_s=60,
+                        log=tmp_path / "log")
+    assert entry["status"] == "error" and entry["checks"] == []
+    assert entry["error"].split(":")[0].endswith("Error"), entry["error"]
+
+
+def test_gpu_check_sigterm_stops_the_running_section_and_leaves_no_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--only", "verify",
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log = tmp_path / "gpu-check.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and b"===== verify" in log.read_bytes()):
+        time.sleep(0.1)
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while time.monotonic() < deadline and not workers:  # wait for verify's first worker process
+        time.sleep(0.2)
+        workers = [pid for pid in _descendants(proc.pid) if pid in _section_processes("ampkit.verify.worker")]
+    assert workers, "the verify section should be running a worker"
+    tree = _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    time.sleep(0.5)
+    assert _alive(tree) == []
+
+
+def test_gpu_check_sections_table_caps_fit_the_budget() -> None:
+    from gpucheck.table import TOTAL_BUDGET_S
+
+    assert [s.name for s in SECTIONS] == ["bitexact", "nosync", "ratios", "replay", "verify", "nccl", "frameworks"]
+    assert max(s.cap_s for s in SECTIONS) < TOTAL_BUDGET_S
