@@ -12,6 +12,7 @@ signal), and SIGTERM or Ctrl-C stop the running section before the check exits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -53,22 +54,35 @@ def section_status(checks: list[dict[str, Any]]) -> str:
     return "skipped" if statuses else "error"
 
 
-def _read_checks(path: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """The checks a section wrote, and its error line if it wrote one (a half-written last line is dropped)."""
+def _read_checks(path: Path) -> tuple[list[dict[str, Any]], str | None, bool]:
+    """The checks a section wrote, its error line if it wrote one, and whether it finished them all.
+
+    A half-written last line (a section killed mid-write) is dropped.
+    """
     checks: list[dict[str, Any]] = []
-    error = None
+    error, done = None, False
     if not path.exists():
-        return checks, error
+        return checks, error, done
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             item = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if "error" in item and "key" not in item:
-            error = item["error"]
-        else:
+        if "key" in item:
             checks.append(item)
-    return checks, error
+        elif "error" in item:
+            error = item["error"]
+        elif item.get("done"):
+            done = True
+    return checks, error, done
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        return f"signal {-code}"
+    return f"status {code}"
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -109,14 +123,17 @@ def run_section(section: Section, *, script: Path, device: str, tiny: bool, out:
             if proc.returncode is None:
                 _stop(proc)
     wall = time.monotonic() - started
-    checks, error = _read_checks(result)
+    checks, error, done = _read_checks(result)
     result.unlink(missing_ok=True)
     if timed_out:
         status = "timed out"
         error = f"killed after its cap of {limit_s:.0f} s; {len(checks)} check(s) had finished"
     elif proc.returncode != 0:
         status = "error"
-        error = error or f"the section's process exited with {proc.returncode}; see {log.name}"
+        if error is None and done:
+            error = (f"every check finished, then the section's process ended with {_exit_text(proc.returncode)} "
+                     f"while shutting down; see {log.name}")
+        error = error or f"the section's process ended with {_exit_text(proc.returncode)}; see {log.name}"
     else:
         status = section_status(checks)
     return {"name": section.name, "what": section.what, "status": status, "cap_s": section.cap_s,
@@ -140,3 +157,4 @@ def write_checks(result: Path, checks: Iterator[Any]) -> None:
             f.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
             f.flush()
             raise
+        f.write(json.dumps({"done": True}) + "\n")

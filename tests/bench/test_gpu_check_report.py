@@ -90,3 +90,15 @@ def test_report_json_is_strict_and_leaves_no_temp_files(tmp_path: Path) -> None:
     assert data["schema"] == "ampkit.gpu-check/1" and data["sections"][0]["checks"][1]["measured"] == "nan"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu-check.json", "gpu-check.md"]
     assert md_path.read_text().startswith("# ampkit GPU check")
+
+
+def test_runner_result_file_keeps_finished_checks_and_drops_a_half_written_line(tmp_path: Path) -> None:
+    from gpucheck.runner import _exit_text, _read_checks, section_status
+
+    path = tmp_path / "result.jsonl"
+    first = check("bitexact.recipe", "fp16-plain", True, "bitwise equal").to_json()
+    path.write_text(json.dumps(first) + "\n" + json.dumps({"done": True}) + "\n" + '{"key": "bitexact.rec')
+    checks, error, done = _read_checks(path)
+    assert checks == [first] and error is None and done
+    assert section_status(checks) == "pass" and section_status([]) == "error"
+    assert _exit_text(-6) == "signal 6 (SIGABRT)" and _exit_text(3) == "status 3"
