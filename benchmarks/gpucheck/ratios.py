@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.nn import functional as F
+from bench_engine import engine_step, recipe_step
 
 import ampkit
 from gpucheck.checks import Check, check, median_ratio, timed
@@ -29,28 +29,6 @@ from gpucheck.models import gpt, gpt_batches
 __all__ = ["run"]
 
 STEPS, WARMUP = 60, 10
-
-
-def _recipe_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 device: torch.device, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-    x, y = batch
-    with torch.autocast(device.type, dtype=torch.float16):
-        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-    scaler.scale(loss).backward()
-    scaler.unscale_(opt)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    scaler.step(opt)
-    scaler.update()
-    opt.zero_grad(set_to_none=True)
-
-
-def _engine_step(model: torch.nn.Module, opt: torch.optim.Optimizer, mp: ampkit.MixedPrecision,
-                 batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-    x, y = batch
-    with mp.autocast():
-        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-    mp.backward(loss)
-    mp.step(opt)
 
 
 def _arms(device: torch.device, tiny: bool, batches: list[Any]) -> tuple[dict[str, Callable[[], None]], dict[str, Any]]:
@@ -74,9 +52,9 @@ def _arms(device: torch.device, tiny: bool, batches: list[Any]) -> tuple[dict[st
             batch = batches[cursor[name] % len(batches)]
             cursor[name] += 1
             if name == "recipe":
-                _recipe_step(models[name], opts[name], scaler, device, batch)
+                recipe_step(models[name], opts[name], scaler, torch.float16, *batch, 1.0)
             else:
-                _engine_step(models[name], opts[name], engines[name], batch)
+                engine_step(models[name], opts[name], engines[name], *batch)
         return step
 
     return {name: arm(name) for name in ("bare", "recipe", "telemetry", "doctor")}, engines
