@@ -51,3 +51,17 @@ def test_imports_lint_fix_rewrites_without_torch_or_numpy(tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fixed 1" in proc.stderr
     assert target.read_text() == 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'
+
+
+def test_imports_engine_without_keep_fp32_does_not_import_dynamo() -> None:
+    # torch._dynamo takes about a second to import; only a keep-fp32 region (whose hooks must run
+    # eagerly under torch.compile) needs it.
+    code = (
+        "import sys, torch\nimport ampkit\n"
+        "mp = ampkit.MixedPrecision('bf16', device='cpu')\nmp.prepare(torch.nn.Linear(2, 2))\n"
+        "assert 'torch._dynamo' not in sys.modules, 'an engine without keep_fp32 imported torch._dynamo'\n"
+        "ampkit.MixedPrecision('bf16', device='cpu', keep_fp32=[torch.nn.LayerNorm]).prepare(torch.nn.LayerNorm(2))\n"
+        "assert 'torch._dynamo' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -40,25 +40,26 @@ def _to_fp32(value: Any) -> Any:
 class _Fp32Region:
     """Forward pre-hook + forward hook pair that disables autocast around one module's forward.
 
-    Under ``torch.compile`` the hooks run eagerly (``torch._dynamo.disable``): an autocast context
+    Under ``torch.compile`` the hooks run eagerly (``torch.compiler.disable``): an autocast context
     entered in one hook and left in another cannot be traced.  Dynamo guards on the autocast
     state, so the kept module is compiled as its own fp32 graph; the cost is one graph break
-    before and after each kept module.
+    before and after each kept module.  The hooks are wrapped per region rather than at class
+    definition, so that importing ampkit does not import dynamo (about a second).
     """
 
     def __init__(self, device_type: str) -> None:
         self.device_type = device_type
         self._stack: list[torch.autocast] = []
+        self.pre_hook = torch.compiler.disable(self._pre_hook)
+        self.post_hook = torch.compiler.disable(self._post_hook)
 
-    @torch._dynamo.disable
-    def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         ctx = torch.autocast(device_type=self.device_type, enabled=False)
         ctx.__enter__()
         self._stack.append(ctx)
         return _to_fp32(args), _to_fp32(kwargs)
 
-    @torch._dynamo.disable
-    def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         # Registered with always_call=True, so this runs even when forward raises.
         if self._stack:
             self._stack.pop().__exit__(None, None, None)
