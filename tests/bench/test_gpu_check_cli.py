@@ -151,3 +151,16 @@ def test_gpu_check_sections_table_caps_fit_the_budget() -> None:
 
     assert [s.name for s in SECTIONS] == ["bitexact", "nosync", "ratios", "replay", "verify", "nccl", "frameworks"]
     assert max(s.cap_s for s in SECTIONS) < TOTAL_BUDGET_S
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run")
+def test_gpu_check_make_target_on_a_cpu_machine_writes_the_skipped_json(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = SCRIPT.parents[1]
+    done = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={sys.executable}", f"GPU_CHECK_ARGS=--out {tmp_path}"],
+                          cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((tmp_path / "gpu-check.json").read_text())["skipped"] == "no CUDA device"
