@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from ampkit._util.dtensor import local_shard
+from ampkit._util.speed import synchronize
 from gpucheck.table import judge, threshold
 
-__all__ = ["Check", "check", "first_difference", "median_ratio", "skipped", "synchronize", "timed"]
+__all__ = ["Check", "check", "first_difference", "median_ratio", "skipped", "timed"]
 
 
 @dataclass
@@ -81,12 +82,6 @@ def first_difference(a: object, b: object, where: str) -> str | None:
             return f"{where}: max |difference| {diff:.3g}"
         return None
     return None if a == b else f"{where}: {a!r} != {b!r}"
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (timing edges only; a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(device: torch.device, fn: Callable[[], Any]) -> float:

@@ -49,12 +49,12 @@ def _arms(device: torch.device, tiny: bool, batches: list[Any]) -> tuple[dict[st
 
     def arm(name: str) -> Callable[[], None]:
         def step() -> None:
-            batch = batches[cursor[name] % len(batches)]
+            x, y = batches[cursor[name] % len(batches)]
             cursor[name] += 1
             if name == "recipe":
-                recipe_step(models[name], opts[name], scaler, torch.float16, *batch, 1.0)
+                recipe_step(models[name], opts[name], scaler, torch.float16, x, y, 1.0)
             else:
-                engine_step(models[name], opts[name], engines[name], *batch)
+                engine_step(models[name], opts[name], engines[name], x, y)
         return step
 
     return {name: arm(name) for name in ("bare", "recipe", "telemetry", "doctor")}, engines

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import ampkit
-from gpucheck.checks import Check, check, synchronize
+from ampkit._util.speed import synchronize
+from gpucheck.checks import Check, check
 
 __all__ = ["Overflowing", "run"]
 
