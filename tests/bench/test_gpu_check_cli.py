@@ -14,6 +14,7 @@ import torch
 
 from gpucheck.runner import run_section
 from gpucheck.table import SECTIONS, section
+from tests.helpers.processes import descendants, survivors, with_command_line
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
@@ -21,50 +22,6 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
                           check=False)
-
-
-def _section_processes(marker: str) -> list[int]:
-    """Pids of live processes whose command line contains ``marker`` (zombies excluded)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
-
-
-def _descendants(root: int) -> list[int]:
-    """Live descendants of ``root`` (read from /proc; zombies have an empty command line and are left out)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                if (entry / "cmdline").read_bytes():
-                    parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = [], [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent]
-        found += children
-        frontier += children
-    return found
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes():
-                alive.append(pid)
-        except OSError:
-            continue
-    return alive
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run")
@@ -114,8 +71,7 @@ def test_gpu_check_section_past_its_cap_is_timed_out_and_its_processes_are_gone(
     entry = run_section(section("verify"), script=SCRIPT, device="cpu", tiny=True, out=tmp_path, limit_s=4.0,
                         log=tmp_path / "log")
     assert entry["status"] == "timed out" and "killed after its cap of 4 s" in entry["error"]
-    time.sleep(0.5)
-    assert _section_processes(str(tmp_path)) == []
+    assert survivors(with_command_line(str(tmp_path)), timeout=5.0) == []
 
 
 def test_gpu_check_section_that_raises_is_an_error_with_the_message(tmp_path: Path) -> None:
@@ -136,14 +92,13 @@ def test_gpu_check_sigterm_stops_the_running_section_and_leaves_no_process(tmp_p
     workers: list[int] = []
     while time.monotonic() < deadline and not workers:  # wait for verify's first worker process
         time.sleep(0.2)
-        workers = [pid for pid in _descendants(proc.pid) if pid in _section_processes("ampkit.verify.worker")]
+        workers = [pid for pid in descendants(proc.pid) if pid in with_command_line("ampkit.verify.worker")]
     assert workers, "the verify section should be running a worker"
-    tree = _descendants(proc.pid)
+    tree = descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM
-    time.sleep(0.5)
-    assert _alive(tree) == []
+    assert survivors(tree, timeout=5.0) == []
 
 
 def test_gpu_check_sections_table_caps_fit_the_budget() -> None:

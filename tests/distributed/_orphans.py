@@ -10,16 +10,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.helpers.processes import descendants, parent_of
 from tests.helpers.processes import survivors as _survivors
 
 START_TIMEOUT_S = 120.0
 """Starting torchrun and 2 ranks that import torch takes ~10 s on 2 busy cores; this bounds a hang."""
 GONE_TIMEOUT_S = 15.0
 _MARKERS = (b"torch.distributed.run", b"ampkit.distributed._rank_main")
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _has(path: Path, text: str) -> bool:
@@ -49,20 +46,6 @@ def survivors(pids: list[int], timeout: float = GONE_TIMEOUT_S) -> list[int]:
     return _survivors(pids, timeout)
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                children.setdefault(parent_of(int(entry.name)), []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found.extend(kids)
-        todo.extend(kids)
-    return found
-
-
 @contextlib.contextmanager
 def reaping(proc: subprocess.Popen[bytes], pids: list[int]) -> Iterator[None]:
     """Whatever the test asserted, SIGKILL the parent and every launch process still running.
@@ -73,7 +56,7 @@ def reaping(proc: subprocess.Popen[bytes], pids: list[int]) -> Iterator[None]:
     try:
         yield
     finally:
-        leftovers = [*pids, *(_descendants(proc.pid) if proc.poll() is None else [])]
+        leftovers = [*pids, *(descendants(proc.pid) if proc.poll() is None else [])]
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait()

@@ -1,7 +1,8 @@
-"""Watching processes from a test: is a pid still running, and which pids outlive a deadline."""
+"""Watching processes from a test: is a pid running, its parent and descendants, which pids outlive a deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -21,3 +22,33 @@ def survivors(pids: list[int], timeout: float) -> list[int]:
     while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return alive
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the process tree (read from /proc; zombies included)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                children.setdefault(parent_of(int(entry.name)), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found.extend(kids)
+        todo.extend(kids)
+    return found
+
+
+def with_command_line(marker: str) -> list[int]:
+    """The running processes whose command line contains ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes() and running(int(entry.name)):
+                    pids.append(int(entry.name))
+    return pids
