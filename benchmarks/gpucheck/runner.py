@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ampkit._util.jsonfloat import NONFINITE_AS_STRING, dumps
-from ampkit._util.procs import die_with_caller
+from ampkit._util.procs import die_with_caller, signal_groups
 from gpucheck.table import Section
 
 __all__ = ["MIN_SECTION_S", "REPORT_RESERVE_S", "not_run", "run_section", "section_status", "write_checks"]
@@ -87,13 +87,10 @@ def _exit_text(code: int) -> str:
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM to the section's process group, then SIGKILL after a grace period."""
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        signal_groups([proc.pid], sig)
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
+            proc.wait(timeout=KILL_GRACE_S)
             return
         except subprocess.TimeoutExpired:
             continue
