@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ampkit._util.dtypes import dtype_name
+from ampkit._util.isa import isa_caps
 from ampkit._util.speed import matmul_tflops
 from ampkit._util.version import __version__
 from ampkit.precision import cpu_has_fast_bf16, cpu_has_fast_fp16
@@ -181,6 +182,8 @@ def _full() -> dict[str, Any]:
             "flags": {flag: flag in flags for flag in CPU_FLAGS},
             "fast_bf16": cpu_has_fast_bf16(),
             "fast_fp16": cpu_has_fast_fp16(),
+            # Set caps make the kernels (and fast_bf16/fast_fp16) those of a smaller CPU than the flags say.
+            "kernel_caps": {k: v for k, v in isa_caps().items() if v is not None},
         },
         "threads": {
             "intra_op": torch.get_num_threads(),
@@ -204,6 +207,7 @@ def _version(module: str) -> str | None:
 def format_environment(env: dict[str, Any]) -> str:
     """Plain-text rendering for terminals and bug reports (the JSON form is ``--json``)."""
     cpu = env["cpu"]
+    caps = cpu.get("kernel_caps") or {}
     lines = [
         f"ampkit   {env['ampkit']}",
         f"python   {env['python']} ({env['python_implementation']}) on {env['platform']}",
@@ -212,7 +216,8 @@ def format_environment(env: dict[str, Any]) -> str:
         f"cpu      {cpu['model']}  ({cpu['usable_cores']}/{cpu['logical_cores']} cores usable, "
         f"torch kernels: {cpu['torch_capability']})",
         "cpu isa  " + "  ".join(f"{k}={'yes' if v else 'no'}" for k, v in cpu["flags"].items()),
-        f"         fast bf16: {'yes' if cpu['fast_bf16'] else 'no'}   fast fp16: {'yes' if cpu['fast_fp16'] else 'no'}",
+        f"         fast bf16: {'yes' if cpu['fast_bf16'] else 'no'}   fast fp16: {'yes' if cpu['fast_fp16'] else 'no'}"
+        + (f"   (kernels capped: {' '.join(f'{k}={v}' for k, v in caps.items())})" if caps else ""),
         f"threads  intra-op {env['threads']['intra_op']}, inter-op {env['threads']['inter_op']}, "
         f"OMP_NUM_THREADS={env['threads']['OMP_NUM_THREADS']}",
     ]

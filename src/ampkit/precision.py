@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ampkit._util.isa import BF16_LEVEL, FP16_LEVEL, kernels_allow
+
 __all__ = [
     "DEVICE_TYPES",
     "LOW_PRECISION_DTYPES",
@@ -95,14 +97,17 @@ def _require_available(dev: torch.device) -> None:
 
 @functools.cache
 def cpu_has_fast_bf16() -> bool:
-    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX); else bf16 is emulated."""
-    return _cpu_flag("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX) and this process's kernels may
+    use them (``ATEN_CPU_CAPABILITY`` / ``ONEDNN_MAX_CPU_ISA`` can cap them: ``ampkit._util.isa``); else bf16
+    is emulated."""
+    return _cpu_flag("_is_avx512_bf16_supported", "_is_amx_tile_supported") and kernels_allow(BF16_LEVEL)
 
 
 @functools.cache
 def cpu_has_fast_fp16() -> bool:
-    """True when the CPU has fp16 matrix instructions (AMX-FP16 / AVX512-FP16)."""
-    return _cpu_flag("_is_amx_fp16_supported", "_is_avx512_fp16_supported")
+    """True when the CPU has fp16 matrix instructions (AMX-FP16 / AVX512-FP16) that this process's kernels
+    may use."""
+    return _cpu_flag("_is_amx_fp16_supported", "_is_avx512_fp16_supported") and kernels_allow(FP16_LEVEL)
 
 
 def _cpu_flag(*probes: str) -> bool:

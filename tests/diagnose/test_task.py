@@ -85,7 +85,10 @@ def test_perf_slow_low_precision_reports_the_measured_ratio() -> None:
     f = low_precision_speed("fp16", "cpu", slow_ratio=1e9)
     assert f is not None and f.code == "SLOW_LOW_PRECISION"
     ratio = f.evidence["ratio_vs_fp32"]
-    assert ratio > 0 and ratio == pytest.approx(f.evidence["tflops"]["fp16"] / f.evidence["tflops"]["fp32"], rel=1e-2)
+    # The evidence keeps the unrounded throughputs, so the ratio is theirs to the last bit.
+    assert ratio > 0 and ratio == pytest.approx(f.evidence["tflops"]["fp16"] / f.evidence["tflops"]["fp32"], rel=1e-12)
+    assert f.evidence["judgement"] == {"metric": "ratio_vs_fp32", "value": ratio, "threshold": 1e9,
+                                       "margin": pytest.approx(1.2e8), "reports_when": "below", "outcome": "reported"}
     assert "fp16" in f.message and f"{1 / ratio:.1f}×" in f.message
 
 

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-__all__ = ["matmul_tflops", "synchronize"]
+__all__ = ["matmul_samples", "matmul_tflops", "synchronize"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -36,6 +36,16 @@ def matmul_tflops(
     >>> r[torch.float32] > 0
     True
     """
+    samples = matmul_samples(dtypes, device, n=n, rounds=rounds, min_time_s=min_time_s)
+    return {dt: sorted(v)[len(v) // 2] for dt, v in samples.items()}
+
+
+def matmul_samples(
+    dtypes: tuple[torch.dtype, ...], device: str | torch.device = "cpu", *, n: int = 512, rounds: int = 5,
+    min_time_s: float = 0.02,
+) -> dict[torch.dtype, list[float]]:
+    """TFLOP/s of every round per dtype (``matmul_tflops`` takes their median); each sample runs for at
+    least ``min_time_s``."""
     dev = torch.device(device)
     mats = {dt: (torch.randn(n, n, device=dev).to(dt), torch.randn(n, n, device=dev).to(dt)) for dt in dtypes}
     for a, b in mats.values():  # warm-up: first calls pick kernels and allocate
@@ -52,5 +62,4 @@ def matmul_tflops(
                 synchronize(dev)  # a no-op on CPU; on accelerators it bounds the timed region
                 elapsed = time.perf_counter() - start
             samples[dt].append(2.0 * n**3 * iters / elapsed / 1e12)
-    return {dt: sorted(v)[len(v) // 2] for dt, v in samples.items()}
-
+    return samples

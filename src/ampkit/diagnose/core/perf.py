@@ -6,26 +6,42 @@ fp16 matmuls and runs them tens of times slower than fp32; the finding names the
 ratio and the fastest format of the device.  The matmul is 512×512: small enough to take about
 a second, large enough that thread start-up and contention from other processes do not
 decide the ratio (at 128–256 they can invert it on a busy machine).
+
+The verdict must not flip with a noisy neighbour, so the measurement is made robust three ways:
+
+* every sample runs for at least ``MIN_SAMPLE_S`` (one emulated matmul already takes longer);
+* ``rounds`` interleaved rounds, and the median of each dtype's samples;
+* hysteresis: a first ratio inside the borderline band of ``ampkit.thresholds`` (0.9 ± 12 %)
+  earns ``EXTRA_ROUNDS`` more rounds, and the verdict is taken on the median of all of them.  A
+  ratio that stays inside the band is a borderline info row, never a warning.
 """
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from ampkit._util.dtypes import dtype_name
-from ampkit._util.speed import matmul_tflops
+from ampkit._util.speed import matmul_samples
 from ampkit.findings import Finding
 from ampkit.precision import Precision
+from ampkit.thresholds import THRESHOLDS, Outcome, Threshold, as_borderline
 
-__all__ = ["SLOW_RATIO", "low_precision_speed"]
+__all__ = ["EXTRA_ROUNDS", "MIN_SAMPLE_S", "SLOW_RATIO", "low_precision_speed", "speed_outcome"]
 
-SLOW_RATIO = 0.9
-"""Report when the precision's matmul throughput is below this fraction of fp32's."""
+SLOW_RATIO = THRESHOLDS["SLOW_LOW_PRECISION"].threshold
+"""Report when the precision's matmul throughput is below this fraction of fp32's (beyond the band)."""
+MIN_SAMPLE_S = 0.05
+"""Shortest timed sample: shorter ones are decided by timer and scheduler noise."""
+EXTRA_ROUNDS = 4
+"""Rounds added when the first ratio falls inside the borderline band."""
 
 
 def low_precision_speed(precision: str | Precision, device: str | torch.device | None = None, *, n: int = 512,
                         rounds: int = 3, slow_ratio: float = SLOW_RATIO) -> Finding | None:
-    """A SLOW_LOW_PRECISION warning when ``precision`` is measurably slower than fp32, else None.
+    """A SLOW_LOW_PRECISION warning when ``precision`` is measurably slower than fp32 (beyond the borderline
+    band), a borderline info row inside the band, else None.
 
     >>> low_precision_speed("fp32", "cpu") is None
     True
@@ -33,15 +49,19 @@ def low_precision_speed(precision: str | Precision, device: str | torch.device |
     prec = precision if isinstance(precision, Precision) else Precision.parse(precision, device or "auto")
     if not prec.is_low_precision:
         return None
+    rule = THRESHOLDS["SLOW_LOW_PRECISION"].at(slow_ratio)
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    tflops = matmul_tflops(dtypes, device=prec.device, n=n, rounds=rounds, min_time_s=0.01)
-    ratio = tflops[prec.dtype] / tflops[torch.float32]
-    if ratio >= slow_ratio:
+    samples = matmul_samples(dtypes, device=prec.device, n=n, rounds=rounds, min_time_s=MIN_SAMPLE_S)
+    if speed_outcome(samples, prec.dtype, rule)[1] == "borderline":
+        more = matmul_samples(dtypes, device=prec.device, n=n, rounds=EXTRA_ROUNDS, min_time_s=MIN_SAMPLE_S)
+        samples = {dt: samples[dt] + more[dt] for dt in dtypes}
+    ratio, outcome = speed_outcome(samples, prec.dtype, rule)
+    if outcome == "clear":
         return None
+    tflops = {dt: statistics.median(v) for dt, v in samples.items()}
     best = max(dtypes, key=lambda d: tflops[d])
-    measured = {dtype_name(d): round(v, 4) for d, v in tflops.items()}
     better = dtype_name(best)
-    return Finding(
+    finding = Finding(
         code="SLOW_LOW_PRECISION", severity="warning",
         message=(f"{prec.name} matrix multiplication on {prec.device} runs at {tflops[prec.dtype]:.3g} TFLOP/s, "
                  f"{1 / ratio:.1f}× slower than fp32 ({tflops[torch.float32]:.3g} TFLOP/s): this device has no fast "
@@ -49,5 +69,21 @@ def low_precision_speed(precision: str | Precision, device: str | torch.device |
         fix=(f"Use {better!r} on this device (the fastest measured: {tflops[best]:.3g} TFLOP/s)"
              + ("" if better == "fp32" else f": MixedPrecision({better!r})")
              + f"; keep {prec.name} for hardware with {prec.name} units (run `ampkit env` to compare)."),
-        evidence={"tflops": measured, "ratio_vs_fp32": ratio, "matmul_n": n, "device": str(prec.device)},
+        evidence={"tflops": {dtype_name(d): v for d, v in tflops.items()}, "ratio_vs_fp32": ratio, "matmul_n": n,
+                  "rounds": len(samples[torch.float32]), "device": str(prec.device),
+                  "judgement": rule.evidence(ratio)},
     )
+    return as_borderline(finding, rule, ratio) if outcome == "borderline" else finding
+
+
+def speed_outcome(samples: dict[torch.dtype, list[float]], dtype: torch.dtype, rule: Threshold) -> tuple[float, Outcome]:
+    """(median throughput of ``dtype`` over fp32's, the rule's outcome) from per-round samples.
+
+    >>> rule = THRESHOLDS["SLOW_LOW_PRECISION"]
+    >>> speed_outcome({torch.float32: [1.0, 1.1, 0.9], torch.float16: [0.05, 0.04, 0.06]}, torch.float16, rule)
+    (0.05, 'reported')
+    >>> speed_outcome({torch.float32: [1.0], torch.bfloat16: [0.95]}, torch.bfloat16, rule)[1]
+    'borderline'
+    """
+    ratio = statistics.median(samples[dtype]) / statistics.median(samples[torch.float32])
+    return ratio, rule.judge(ratio)

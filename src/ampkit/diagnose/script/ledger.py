@@ -60,8 +60,10 @@ class Ledger:
         )
         return True
 
-    def has(self, code: str) -> bool:
-        return any(c == code for c, _ in self._entries)
+    def has(self, code: str, *, acting: bool = False) -> bool:
+        """Whether ``code`` was recorded; with ``acting``, only as an error or a warning (not a borderline
+        or other info row)."""
+        return any(c == code and not (acting and e.severity == "info") for (c, _), e in self._entries.items())
 
     def findings(self) -> list[Finding]:
         out = []

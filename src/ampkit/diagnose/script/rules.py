@@ -15,14 +15,16 @@ from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.perf import low_precision_speed
 from ampkit.diagnose.script.mixed import report_mixed_precision_off, scaler_off_too
 from ampkit.findings import BF16_NEEDS_NO_SCALER, Finding, scale_collapse, scheduler_stepped_on_skip
+from ampkit.thresholds import THRESHOLDS, Outcome, as_borderline
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.context import Context
     from ampkit.diagnose.script.watchers.scaler import ScalerInfo
 
 __all__ = ["COLLAPSE_STEADY_FRACTION", "finalize", "slow_low_precision"]
-COLLAPSE_STEADY_FRACTION = 0.5
-"""A scale that still skips this fraction of the second half of a run never settled."""
+COLLAPSE_STEADY_FRACTION = THRESHOLDS["SCALE_COLLAPSE"].threshold
+"""A scale that still skips this fraction of the second half of a run never settled (beyond the
+borderline band of ``ampkit.thresholds``; inside it the finding is a borderline info row)."""
 
 def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool = True,
              flags: Mapping[str, str] | None = None) -> None:
@@ -42,24 +44,28 @@ def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool =
     ctx.checkpoints.finalize()
 
 
-def _collapsed(info: ScalerInfo, skips: dict[int, str], iterations: int) -> tuple[bool, str]:
+def _collapsed(info: ScalerInfo, skips: dict[int, str], iterations: int) -> tuple[Outcome, str, float | None]:
+    """(outcome, why, the late skip share when that decided) for one scaler."""
     scales = [s for _, s in info.scales]
     if scales and min(scales) < 1.0:
-        return True, f"the scale fell to {min(scales):g} (below 1: even unscaled gradients are non-finite)"
+        return "reported", f"the scale fell to {min(scales):g} (below 1: even unscaled gradients are non-finite)", None
     if iterations >= 16:
         half = range(iterations // 2, iterations)
         late = sum(1 for it in half if it in skips)
-        if late >= 8 and late >= COLLAPSE_STEADY_FRACTION * len(half):
-            return True, f"{late} of the last {len(half)} steps were still skipped (the scale never settles)"
-    return False, ""
+        share = late / len(half)
+        outcome = THRESHOLDS["SCALE_COLLAPSE"].judge(share) if late >= 8 else "clear"
+        if outcome != "clear":
+            return outcome, f"{late} of the last {len(half)} steps were still skipped (the scale never settles)", share
+    return "clear", "", None
 
 
 def _scale_collapse(ctx: Context) -> None:
     if not ctx.skips:
         return
+    rule = THRESHOLDS["SCALE_COLLAPSE"]
     for info in ctx.scalers.enabled_infos():
-        collapsed, why = _collapsed(info, ctx.skips, ctx.iteration)
-        if not collapsed:
+        outcome, why, share = _collapsed(info, ctx.skips, ctx.iteration)
+        if outcome == "clear":
             continue
         causes: dict[str, int] = {}
         for cause in ctx.skips.values():
@@ -70,16 +76,19 @@ def _scale_collapse(ctx: Context) -> None:
             cause, f"the {info.label} (created at {info.location}) skipped {len(ctx.skips)} of {ctx.iteration} "
             f"steps: {why}", f" ({causes[cause]} of the skipped steps)")
         scales = [s for _, s in info.scales]
-        ctx.ledger.add(
-            "SCALE_COLLAPSE", key=info.location,
-            message=message,
-            fix=fix, location=info.location, step=min(ctx.skips),
-            evidence={
-                "cause": cause, "causes": causes, "skipped_steps": len(ctx.skips), "steps": ctx.iteration,
-                "init_scale": info.init_scale, "min_scale": min(scales) if scales else None,
-                "final_scale": scales[-1] if scales else None, "first_skips": sorted(ctx.skips)[:16],
-            },
-        )
+        evidence = {
+            "cause": cause, "causes": causes, "skipped_steps": len(ctx.skips), "steps": ctx.iteration,
+            "init_scale": info.init_scale, "min_scale": min(scales) if scales else None,
+            "final_scale": scales[-1] if scales else None, "first_skips": sorted(ctx.skips)[:16],
+        }
+        finding = Finding(code="SCALE_COLLAPSE", severity="error", message=message, fix=fix,
+                          location=info.location, step=min(ctx.skips),
+                          evidence=evidence if share is None else {**evidence, "judgement": rule.evidence(share)})
+        if outcome == "borderline" and share is not None:
+            finding = as_borderline(finding, rule, share)
+        ctx.ledger.add("SCALE_COLLAPSE", key=info.location, message=finding.message, fix=finding.fix,
+                       severity=finding.severity, location=finding.location, step=finding.step,
+                       evidence=finding.evidence)
 
 
 def _boundary_overflow(ctx: Context) -> None:
@@ -87,7 +96,7 @@ def _boundary_overflow(ctx: Context) -> None:
     hits = ctx.boundary_overflows
     if not hits:
         return
-    collapsed = ctx.ledger.has("SCALE_COLLAPSE")
+    collapsed = ctx.ledger.has("SCALE_COLLAPSE", acting=True)
     label = ctx.locations.get("boundary_model")
     ctx.ledger.add(
         "BACKWARD_OVERFLOW", key="boundary", severity="error" if collapsed else "info",
@@ -205,4 +214,4 @@ def _slow_low_precision(ctx: Context) -> None:
             finding = slow_low_precision(dtype_name(dtype), device)
             if finding is not None:
                 ctx.ledger.add(finding.code, key=(device, dtype), message=finding.message, fix=finding.fix,
-                               evidence=finding.evidence)
+                               severity=finding.severity, evidence=finding.evidence)

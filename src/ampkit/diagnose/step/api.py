@@ -58,6 +58,7 @@ from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.diagnose.step.trace import TraceLog
 from ampkit.findings import Finding
 from ampkit.precision import Precision
+from ampkit.thresholds import is_borderline
 
 __all__ = ["diagnose_program", "diagnose_step"]
 
@@ -164,7 +165,9 @@ class _Diagnosis:
                         underflow_threshold=self.underflow_threshold, precision=s.precision.name,
                         loss_scale=s.program.loss_scale, step=self.step)
                     self.findings.extend(prec)
-                    fixable.extend(f for f in prec if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation")
+                    # A borderline row asks for no change, so it starts no keep-fp32 search.
+                    fixable.extend(f for f in prec if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"
+                                   and not is_borderline(f))
             if bisect and fixable:
                 self._bisect(result, lp, fixable, out_sqnr)
         if self._shadow_error is not None:

@@ -21,6 +21,10 @@ Thresholds (documented defaults, both configurable):
 PRECISION_LOSS is only reported for a step without overflow; it names the first module (in
 the order forwards complete, so the innermost one) whose output falls below the threshold,
 and separately the module whose parameter gradients are worst.
+
+Both rules have a borderline band (``ampkit.thresholds``: ±1.5 dB of SQNR, ±0.5 percentage
+points of flushed share): a value inside it is an info row marked ``borderline``, the same on
+every CPU, and only a value beyond it is a warning.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch
 from ampkit.diagnose.core.display import display_module
 from ampkit.diagnose.core.modules import reduction_dtype
 from ampkit.findings import Finding
+from ampkit.thresholds import THRESHOLDS, Threshold, as_borderline
 
 __all__ = [
     "SQNR_THRESHOLD_DB",
@@ -48,8 +53,8 @@ __all__ = [
     "underflow_finding",
 ]
 
-SQNR_THRESHOLD_DB = 20.0
-UNDERFLOW_THRESHOLD = 0.01
+SQNR_THRESHOLD_DB = THRESHOLDS["PRECISION_LOSS"].threshold
+UNDERFLOW_THRESHOLD = THRESHOLDS["GRADIENT_UNDERFLOW"].threshold
 
 
 def sqnr_db(signal: float, noise: float) -> float:
@@ -150,21 +155,36 @@ def compare_grads(
     return out
 
 
-def _below(sqnr: dict[str, float], threshold: float, order: list[str] | None = None) -> list[tuple[str, float]]:
+def _below(sqnr: dict[str, float], rule: Threshold, order: list[str] | None = None,
+           outcome: str = "reported") -> list[tuple[str, float]]:
+    """Modules whose SQNR the rule judges ``outcome`` (in ``order``, else worst first)."""
     names = order if order is not None else sorted(sqnr, key=lambda n: sqnr[n])
-    return [(n, sqnr[n]) for n in names if n in sqnr and not math.isnan(sqnr[n]) and sqnr[n] < threshold]
+    return [(n, sqnr[n]) for n in names if n in sqnr and rule.judge(sqnr[n]) == outcome]
+
+
+def _first_judged(sqnr: dict[str, float], rule: Threshold,
+                  order: list[str] | None = None) -> tuple[list[tuple[str, float]], bool]:
+    """The modules reported under ``rule``, or failing any, the borderline ones (flag True)."""
+    reported = _below(sqnr, rule, order)
+    if reported:
+        return reported, False
+    return _below(sqnr, rule, order, outcome="borderline"), True
 
 
 def precision_findings(
     *, order: list[str], out_sqnr: dict[str, float], grads: GradComparison | None, threshold_db: float,
     underflow_threshold: float, precision: str, loss_scale: float, step: int | None,
 ) -> list[Finding]:
-    """PRECISION_LOSS (activations, gradients) and GRADIENT_UNDERFLOW for a finite step."""
+    """PRECISION_LOSS (activations, gradients) and GRADIENT_UNDERFLOW for a finite step.
+
+    A module within the borderline band of ``threshold_db`` is an info row (``ampkit.thresholds``),
+    reported only when no module is clearly below it."""
     findings: list[Finding] = []
-    below = _below(out_sqnr, threshold_db, order)
+    rule = THRESHOLDS["PRECISION_LOSS"].at(threshold_db)
+    below, borderline = _first_judged(out_sqnr, rule, order)
     if below:
         name, value = below[0]
-        findings.append(Finding(
+        finding = Finding(
             code="PRECISION_LOSS", severity="warning",
             message=(f"{display_module(name)}'s output differs from the fp32 reference by {value:.1f} dB SQNR "
                      f"(threshold {threshold_db:g} dB: the error is {100 * 10 ** (-value / 20):.0f}% of the signal) "
@@ -173,13 +193,14 @@ def precision_findings(
                  "part (reductions, exp/log, long accumulations) in fp32."),
             module=name, step=step,
             evidence={"kind": "activation", "sqnr_db": value, "threshold_db": threshold_db, "precision": precision,
-                      "below_threshold": dict(below[:12])},
-        ))
+                      "below_threshold": dict(below[:12]), "judgement": rule.evidence(value)},
+        )
+        findings.append(as_borderline(finding, rule, value) if borderline else finding)
     if grads is not None:
-        gbelow = _below(grads.sqnr_db, threshold_db)
+        gbelow, gborderline = _first_judged(grads.sqnr_db, rule)
         if gbelow:
             name, value = gbelow[0]
-            findings.append(Finding(
+            finding = Finding(
                 code="PRECISION_LOSS", severity="warning",
                 message=(f"the parameter gradients of {display_module(name)} differ from fp32 by {value:.1f} dB SQNR "
                          f"(threshold {threshold_db:g} dB; global gradient SQNR {grads.global_sqnr_db:.1f} dB)"),
@@ -187,8 +208,10 @@ def precision_findings(
                      "scale is high enough that small gradients keep their precision."),
                 module=name, step=step,
                 evidence={"kind": "gradient", "sqnr_db": value, "threshold_db": threshold_db,
-                          "global_sqnr_db": grads.global_sqnr_db, "below_threshold": dict(gbelow[:12])},
-            ))
+                          "global_sqnr_db": grads.global_sqnr_db, "below_threshold": dict(gbelow[:12]),
+                          "judgement": rule.evidence(value)},
+            )
+            findings.append(as_borderline(finding, rule, value) if gborderline else finding)
         underflow = underflow_finding(grads, threshold=underflow_threshold, precision=precision,
                                       loss_scale=loss_scale, step=step)
         if underflow is not None:
@@ -212,8 +235,12 @@ def underflow_finding(grads: GradComparison, *, threshold: float, precision: str
                       step: int | None) -> Finding | None:
     """GRADIENT_UNDERFLOW at the module whose gradients are flushed: the largest share of its entries
     non-zero in fp32 and exactly zero here (judged unscaled), wherever it sits in the model."""
+    rule = THRESHOLDS["GRADIENT_UNDERFLOW"].at(threshold)
     shares = flushed_shares(grads)
-    flagged = [r for r in shares if r[1] >= threshold]
+    flagged = [r for r in shares if rule.judge(r[1]) == "reported"]
+    borderline = not flagged
+    if borderline:
+        flagged = [r for r in shares if rule.judge(r[1]) == "borderline"]
     if not flagged:
         return None
     name, frac, lost, nonzero = flagged[0]
@@ -221,16 +248,21 @@ def underflow_finding(grads: GradComparison, *, threshold: float, precision: str
            "steps), or train in bf16, whose exponent range is fp32's." if loss_scale != 1.0 else
            "Use loss scaling: MixedPrecision('fp16') scales dynamically by default (with torch.amp, use "
            "torch.amp.GradScaler), or train in bf16.")
-    return Finding(
+    finding = Finding(
         code="GRADIENT_UNDERFLOW", severity="warning",
         message=(f"{frac:.1%} of {display_module(name)}'s parameter-gradient elements ({lost} of {nonzero}) are "
                  f"non-zero in fp32 but flush to zero in {precision} (loss scale {loss_scale:g}), the largest share "
-                 f"of any module; {len(flagged)} module(s) lose at least {threshold:.0%}"),
+                 f"of any module; {len(flagged)} module(s) lose at least {rule.threshold + rule.margin:.1%}"
+                 if not borderline else
+                 f"{frac:.1%} of {display_module(name)}'s parameter-gradient elements ({lost} of {nonzero}) are "
+                 f"non-zero in fp32 but flush to zero in {precision} (loss scale {loss_scale:g})"),
         fix=fix, module=name, step=step,
         evidence={"fraction": frac, "threshold": threshold, "loss_scale": loss_scale,
                   "modules": {m: f for m, f, _, _ in flagged[:20]},
-                  "shares": {m: {"share": f, "flushed": lo, "nonzero_fp32": nz} for m, f, lo, nz in shares[:20]}},
+                  "shares": {m: {"share": f, "flushed": lo, "nonzero_fp32": nz} for m, f, lo, nz in shares[:20]},
+                  "judgement": rule.evidence(frac)},
     )
+    return as_borderline(finding, rule, frac) if borderline else finding
 
 
 def summary(out_sqnr: dict[str, float], grads: GradComparison | None) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""Thresholded verdicts that do not flip with the machine: each rule's threshold and borderline band.
+
+Four findings are decided by comparing one measured number with a threshold: PRECISION_LOSS
+(an output's SQNR against fp32), GRADIENT_UNDERFLOW (the share of a module's gradient entries
+flushed to zero), SCALE_COLLAPSE of a script's scaler (the share of the run's second half that
+was still skipped) and SLOW_LOW_PRECISION (the low precision's matmul throughput over fp32's).
+The number depends on the CPU's kernels (accumulation order, fused or emulated bf16/fp16) and,
+for a timing, on what else the machine runs.  A value a hair from the threshold would then be a
+warning on one CPU and absent on another, although nothing about the user's code differs.
+
+So every rule has a fixed margin in the metric's own unit (``THRESHOLDS``):
+
+* beyond the threshold by more than the margin: the finding, at its code's severity;
+* within the margin on either side: *borderline*, reported at severity ``info`` with the same
+  wording on every CPU, and never an error or a warning;
+* on the safe side by more than the margin: nothing.
+
+A caller's own threshold (``diagnose_step(sqnr_threshold_db=...)``) keeps the rule's margin.
+
+Each finding of these codes carries ``evidence["judgement"]`` (``Threshold.evidence``): the
+measured value, the threshold, the margin and the outcome; a borderline one also has
+``evidence["borderline"] = True``.
+
+>>> rule = THRESHOLDS["PRECISION_LOSS"]
+>>> [rule.judge(v) for v in (12.0, 19.0, 21.4, 30.0)]
+['reported', 'borderline', 'borderline', 'clear']
+>>> rule.evidence(19.0)["outcome"], rule.evidence(19.0)["threshold"]
+('borderline', 20.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ampkit.findings import Finding
+
+__all__ = ["THRESHOLDS", "Outcome", "Threshold", "as_borderline", "is_borderline"]
+
+Outcome = Literal["reported", "borderline", "clear"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Threshold:
+    """One thresholded rule: the metric, the threshold, the side that reports, and the borderline band."""
+
+    code: str
+    """The finding code the rule decides."""
+    metric: str
+    """What is measured, as named in the evidence (``sqnr_db``, ``flushed_share``, ...)."""
+    threshold: float
+    """The value at which the rule turns."""
+    reports_when: Literal["below", "above"]
+    """``below``: values under the threshold are the problem (SQNR, speed); ``above``: values over it."""
+    margin: float
+    """Half-width of the borderline band around ``threshold``, in the metric's unit (or, with
+    ``relative``, as a fraction of the threshold)."""
+    relative: bool = False
+    """The band is ``threshold × (1 ± margin)``: for ratios, whose noise grows with their size."""
+    unit: str = ""
+    """Printed after values (``dB``); empty for ratios and shares."""
+
+    @property
+    def band(self) -> float:
+        """The band's half-width in the metric's unit."""
+        return self.margin * abs(self.threshold) if self.relative else self.margin
+
+    def judge(self, value: float) -> Outcome:
+        """``reported`` beyond the band, ``borderline`` inside it, ``clear`` on the safe side (and for NaN)."""
+        if math.isnan(value):
+            return "clear"
+        past = self.threshold - value if self.reports_when == "below" else value - self.threshold
+        if past > self.band:
+            return "reported"
+        return "borderline" if past >= -self.band else "clear"
+
+    def at(self, threshold: float) -> Threshold:
+        """The same rule at a caller's threshold (``diagnose_step(sqnr_threshold_db=...)``), same margin."""
+        return dataclasses.replace(self, threshold=float(threshold))
+
+    def evidence(self, value: float) -> dict[str, Any]:
+        """The ``judgement`` record every finding of this rule carries."""
+        return {"metric": self.metric, "value": value, "threshold": self.threshold, "margin": self.band,
+                "reports_when": self.reports_when, "outcome": self.judge(value)}
+
+    def describe(self, value: float) -> str:
+        """``19.2 dB, within ±1.5 dB of the 20 dB threshold`` (for borderline messages)."""
+        unit = f" {self.unit}" if self.unit else ""
+        return (f"{value:.3g}{unit}, within ±{self.band:.3g}{unit} of the {self.threshold:g}{unit} threshold "
+                f"({self.metric} {self.reports_when} it is reported)")
+
+
+THRESHOLDS: dict[str, Threshold] = {
+    "PRECISION_LOSS": Threshold(code="PRECISION_LOSS", metric="sqnr_db", threshold=20.0, reports_when="below",
+                                margin=1.5, unit="dB"),
+    "GRADIENT_UNDERFLOW": Threshold(code="GRADIENT_UNDERFLOW", metric="flushed_share", threshold=0.01,
+                                    reports_when="above", margin=0.005),
+    "SCALE_COLLAPSE": Threshold(code="SCALE_COLLAPSE", metric="late_skip_share", threshold=0.5,
+                                reports_when="above", margin=0.1),
+    "SLOW_LOW_PRECISION": Threshold(code="SLOW_LOW_PRECISION", metric="ratio_vs_fp32", threshold=0.9,
+                                    reports_when="below", margin=0.12, relative=True),
+}
+"""The rules, one per code (docs/findings.md lists the same table).
+
+Why these margins: 1.5 dB is a 19 % change in the error's RMS, more than the difference that
+kernels of another ISA make to one step's SQNR, yet small next to a real loss (the corpus's
+culprits sit 10-40 dB under the threshold); half a percentage point of flushed share and a tenth of
+the late skip share are a few entries or steps decided under rounding; 12 % of the speed ratio
+(0.79-1.01) is the spread of a 512×512 matmul timing on a loaded 2-core machine."""
+
+
+def is_borderline(finding: Finding | dict[str, Any]) -> bool:
+    """Whether a finding (object or JSON dict) is a borderline info row."""
+    evidence = finding.evidence if isinstance(finding, Finding) else finding.get("evidence") or {}
+    severity = finding.severity if isinstance(finding, Finding) else finding.get("severity")
+    return severity == "info" and bool(evidence.get("borderline"))
+
+
+def as_borderline(finding: Finding, rule: Threshold, value: float) -> Finding:
+    """``finding`` restated as a borderline info row: same code, module and evidence, no call to act.
+
+    >>> f = Finding(code="PRECISION_LOSS", severity="warning", message="head's output is 19.0 dB", fix="keep it")
+    >>> b = as_borderline(f, THRESHOLDS["PRECISION_LOSS"], 19.0)
+    >>> b.severity, b.evidence["borderline"], b.message.startswith("borderline")
+    ('info', True, True)
+    """
+    message = (f"borderline, {rule.describe(value)}: {finding.message}. Another CPU's kernels can move this value "
+               "across the threshold, so it is reported as information, the same on every machine")
+    fix = ("Nothing to change on this evidence alone. If results matter at this level, confirm with "
+           f"`ampkit verify` against fp32; the remedy when it is real: {finding.fix}")
+    evidence = {**finding.evidence, "judgement": rule.evidence(value), "borderline": True}
+    return dataclasses.replace(finding, severity="info", message=message, fix=fix, evidence=evidence)
