@@ -12,6 +12,7 @@ import torch
 
 from ampkit._util.isa import BF16_LEVEL, FP16_LEVEL, isa_caps, kernels_allow, onednn_rank
 
+
 def test_isa_onednn_rank_orders_levels_and_ignores_unknown_names() -> None:
     assert onednn_rank("sse41") < onednn_rank("AVX2") < onednn_rank("AVX512_CORE") < onednn_rank(BF16_LEVEL)
     assert onednn_rank(BF16_LEVEL) < onednn_rank(FP16_LEVEL) < onednn_rank("AVX512_CORE_AMX")
