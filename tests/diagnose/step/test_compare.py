@@ -132,3 +132,20 @@ def test_compare_healthy_bf16_transformer_has_no_findings() -> None:
     assert result.comparison["grad_global_sqnr_db"] > SQNR_THRESHOLD_DB
     assert set(result.module_headroom) >= {"blocks.0.attn", "blocks.0.mlp.fc", "lm_head"}
     assert result.module_headroom["blocks.0.mlp.fc"]["fp16"][0] > 0
+
+
+def _conv_block(inplace: bool) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(inplace=inplace),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+def test_compare_batchnorm_before_inplace_relu_is_compared_before_the_relu_rewrites_it() -> None:
+    # The standard ResNet block: the in-place ReLU overwrites the BatchNorm's output in both runs; the
+    # kept fp32 reference must be the value the BatchNorm returned, or the BatchNorm reads about 0 dB.
+    x = torch.randn(8, 3, 16, 16)
+    inplace = diagnose_step(_conv_block(True), dm.bf16_run(x), precision="bf16", bisect=False)
+    copy = diagnose_step(_conv_block(False), dm.bf16_run(x), precision="bf16", bisect=False)
+    assert not [f for f in inplace.findings if f.code == "PRECISION_LOSS"]
+    bn_inplace, bn_copy = inplace.comparison["output_sqnr_db"]["1"], copy.comparison["output_sqnr_db"]["1"]
+    assert bn_copy > 30 and abs(bn_inplace - bn_copy) < 1.0

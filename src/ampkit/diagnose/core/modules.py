@@ -64,7 +64,9 @@ class ModuleRecorder:
     Args:
         model: the (copied) model to observe.
         stats: queue the range of every module output.
-        keep_outputs: keep detached float32 copies of the outputs (the fp32 shadow).
+        keep_outputs: keep detached float32 copies of the outputs (the fp32 shadow), taken when the
+            module returns, so a later in-place op (``ReLU(inplace=True)`` after a BatchNorm) cannot
+            rewrite the kept value before it is compared.
         reference: outputs kept by a previous recorder (same architecture): compute the SQNR
             energies of this run's outputs against them.
         only: restrict statistics and comparisons to these module names (None: all).
@@ -93,6 +95,8 @@ class ModuleRecorder:
         self.energies: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
         self.root_output: list[torch.Tensor] = []
         self._handles: list[RemovableHandle] = []
+        self._copies: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        """(data_ptr, version, shape, stride, dtype) -> (the tensor, its kept copy)."""
 
     @property
     def current(self) -> str | None:
@@ -110,6 +114,7 @@ class ModuleRecorder:
             h.remove()
         self._handles.clear()
         self.stack.clear()
+        self._copies.clear()  # the kept copies stay in self.outputs; the originals may go
 
     def _make_pre(self, name: str) -> Any:
         def pre(module: nn.Module, args: Any) -> None:
@@ -124,6 +129,24 @@ class ModuleRecorder:
             self._record(name, output)
 
         return post
+
+    def _kept(self, t: torch.Tensor) -> torch.Tensor:
+        """An fp32 copy of ``t`` as it is now, shared by the modules that return the same tensor unchanged.
+
+        Costs one fp32 copy of each distinct activation, in the replay only: ``.float()`` of an fp32
+        tensor is the tensor itself, and the next in-place op would rewrite it.  The tensor is held
+        with its copy so that its memory (the key) cannot be reused by another one meanwhile; a
+        parent returning its last child's output, unmodified (same version), shares the copy."""
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors have no version counter: copy every time
+            return t.detach().to(torch.float32, copy=True)
+        key = (t.data_ptr(), version, tuple(t.shape), t.stride(), t.dtype)
+        held = self._copies.get(key)
+        if held is None or held[0] is not t:
+            held = (t, t.detach().to(torch.float32, copy=True))
+            self._copies[key] = held
+        return held[1]
 
     def _record(self, name: str, output: Any) -> None:
         # The recorder's own reductions must not show up in (or be attributed by) the op tracer.
@@ -143,7 +166,7 @@ class ModuleRecorder:
         if self.stats:
             self.out_ranges[name].append(merge_ranges([pending_range(t) for t in tensors]))
         if self.keep_outputs:
-            self.outputs[name].append([t.detach().float() for t in tensors])
+            self.outputs[name].append([self._kept(t) for t in tensors])
         if self.reference is not None:
             ref_calls = self.reference.get(name, [])
             if call < len(ref_calls) and len(ref_calls[call]) == len(tensors):
