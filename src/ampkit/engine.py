@@ -11,7 +11,7 @@ Every operation is the one ``torch.autocast`` + ``torch.amp.GradScaler`` perform
 official recipe, in the same order, so the result is bit-identical to that recipe.  The step
 makes no host sync for optimizers that accept ``grad_scale``/``found_inf`` (fused Adam, AdamW,
 SGD); for other optimizers exactly one remains: reading ``found_inf`` to decide whether to call
-``optimizer.step()``.
+``optimizer.step()`` (``ampkit._boundary``).
 
 The engine knows its extensions only as ``EngineHook`` objects (``ampkit.hooks``); the public
 ``ampkit.MixedPrecision`` (``ampkit.mixed_precision``) adds the ``telemetry=`` and ``doctor=``
@@ -30,10 +30,9 @@ import torch
 from torch import nn
 
 from ampkit import hooks as _hooks
+from ampkit._boundary import clip_or_norm, grads_to_unscale, step_or_skip
 from ampkit._guards import check_eps, check_param
 from ampkit._state import EngineState, check_engine_state
-from ampkit._util.dtensor import local_shard
-from ampkit._util.grads import global_grad_norm
 from ampkit.config import EngineConfig
 from ampkit.policy import Fp32Policy, KeepFp32Rule
 from ampkit.precision import Precision
@@ -265,8 +264,9 @@ class Engine:
         found_inf = per_opt_found[0] if len(per_opt_found) == 1 else torch.stack(per_opt_found).sum()
         for hook in self._hooks:
             hook.before_optimizer_step(self, opts, found_inf, grad_norm)
+        checked = self.scaler.enabled or self.skip_nonfinite
         for opt, found in zip(opts, per_opt_found):
-            self._step_or_skip(opt, found)
+            step_or_skip(opt, found, checked=checked)
         # The update reads found_inf after the steps, matching GradScaler.update's order.
         scale_used = scale.clone() if self.scaler.enabled else scale
         self.scaler.update(found_inf)
@@ -350,42 +350,12 @@ class Engine:
     def _unscale(self, opt: torch.optim.Optimizer) -> torch.Tensor:
         found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.scaler.enabled or self.skip_nonfinite:
-            grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
-            if self._reducers:
-                # A hook makes found_inf global, so check this rank's shards only; a sharded
-                # (DTensor) gradient would otherwise run one blocking all-reduce per dtype group.
-                with torch.no_grad():  # to_local() then returns the shard itself, no autograd node
-                    grads = [local_shard(g) for g in grads]
-            self.scaler.unscale_(grads, found_inf)
+            self.scaler.unscale_(grads_to_unscale(opt, local=bool(self._reducers)), found_inf)
         return found_inf
 
     def _clip_and_norm(self, opts: Sequence[torch.optim.Optimizer]) -> torch.Tensor | None:
         params = [p for opt in opts for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        if not params:
-            return None
-        if self.clip_grad_norm is not None:
-            # Same call as the recipe, so the clipped gradients match bit for bit.
-            return torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=None)
-        return global_grad_norm([p.grad for p in params if p.grad is not None])
-
-    def _step_or_skip(self, opt: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
-        if getattr(opt, "_step_supports_amp_scaling", False):
-            # Fused kernels read found_inf on the device and skip the update themselves: no sync.
-            # grad_scale=None: the gradients were already unscaled above.
-            opt.grad_scale = None  # type: ignore[attr-defined]
-            opt.found_inf = found_inf  # type: ignore[attr-defined]
-            try:
-                opt.step()
-            finally:
-                del opt.grad_scale  # type: ignore[attr-defined]
-                del opt.found_inf  # type: ignore[attr-defined]
-            return
-        if not (self.scaler.enabled or self.skip_nonfinite):
-            opt.step()
-            return
-        # The one host sync of a non-fused step: the optimizer cannot skip by itself.
-        if not found_inf.item():
-            opt.step()
+        return clip_or_norm(params, self.clip_grad_norm) if params else None
 
     def _check_optimizer(self, opt: torch.optim.Optimizer) -> None:
         state = self._opt_states.setdefault(id(opt), _OptState())
