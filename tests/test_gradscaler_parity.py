@@ -3,7 +3,7 @@
 Each scenario runs twice from the same init (deepcopy) on the same data: once through the
 hand-written official recipe, once through ``ampkit.MixedPrecision``; parameters are compared
 bit for bit after several steps, at least one of them skipped, and so is the loss scale.
-Covered: sparse gradients (``nn.Embedding(sparse=True)``).
+Covered: sparse gradients (``nn.Embedding(sparse=True)``) and uncoalesced fp16 sparse gradients.
 """
 
 from __future__ import annotations
@@ -158,3 +158,80 @@ def test_engine_refuses_clipping_sparse_gradients_and_clips_nothing(seed):
     assert "clip_grad_norm=None" in message and "sparse=False" in message
     assert torch.equal(model.fc.weight.grad, unclipped)
     _assert_same_params(model, before)
+
+
+# -- 2. uncoalesced fp16 sparse gradients ------------------------------------------------------------------------
+_IDX = torch.tensor([[0, 1, 0], [2, 0, 2]])
+"""Two entries at (0, 2): torch's own sparse-unscale test.  In fp16, 32000 + 32000 fits but 64000 + 64000 does not."""
+
+
+def _fp16_sparse_grad(values: list[float], scale: float) -> torch.Tensor:
+    v = torch.tensor(values) * scale
+    return torch.sparse_coo_tensor(_IDX, v, (2, 3), check_invariants=True).to(torch.float16)
+
+
+# Per step: the unscaled values of the three (uncoalesced) entries.  After two clean steps the scale
+# grows to 2**17, where step 2's duplicates (39321 each) fit fp16 but their sum does not.
+_FP16_STEPS = [[0.25, 0.5, 0.125], [0.25, 0.25, 0.25], [0.3, 0.25, 0.3], [0.125, 0.25, 0.5]]
+_FP16_SCALE = 2.0**16
+
+
+def _unscale_allowing_fp16(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> None:
+    """``GradScaler.unscale_(opt)`` line for line, but with fp16 gradients allowed.
+
+    The public ``unscale_`` refuses fp16 gradients; torch's own test of sparse unscaling calls
+    ``_unscale_grads_(..., allow_fp16=True)`` the same way.
+    """
+    assert scaler._scale is not None
+    state = scaler._per_optimizer_states[id(opt)]
+    inv_scale = scaler._scale.double().reciprocal().float()
+    found_inf = torch.full((), 0.0, dtype=torch.float32)
+    state["found_inf_per_device"] = scaler._unscale_grads_(opt, inv_scale, found_inf, True)
+    state["stage"] = torch.amp.grad_scaler.OptState.UNSCALED
+
+
+def _fp16_param() -> torch.Tensor:
+    # Not trainable through autograd: the gradient is assigned, as in torch's test (the engine refuses
+    # trainable fp16 parameters under loss scaling).
+    return torch.zeros(2, 3, dtype=torch.float16)
+
+
+def test_engine_unscale_replaces_uncoalesced_fp16_sparse_grad(seed):
+    p, q = _fp16_param(), _fp16_param()
+    scaler = torch.amp.GradScaler("cpu", init_scale=_FP16_SCALE)
+    scaler.scale(torch.ones(()))  # creates GradScaler's scale tensor
+    ref_opt = torch.optim.SGD([q], lr=1.0)
+    q.grad = _fp16_sparse_grad(_FP16_STEPS[0], _FP16_SCALE)
+    _unscale_allowing_fp16(scaler, ref_opt)
+    record = _Record()
+    mp = ampkit.MixedPrecision("fp16", device="cpu", scaler=ampkit.DynamicLossScaler(init_scale=_FP16_SCALE),
+                               hooks=[record])
+    p.grad = _fp16_sparse_grad(_FP16_STEPS[0], _FP16_SCALE)
+    assert not p.grad.is_coalesced()
+    mp.step(torch.optim.SGD([p], lr=1.0))
+    grad = record.grads[0][0]
+    assert grad.is_coalesced() and q.grad.is_coalesced()
+    assert torch.equal(grad._indices(), q.grad._indices())
+    assert torch.equal(grad._values(), q.grad._values())
+    assert torch.equal(grad._values(), torch.tensor([0.25 + 0.125, 0.5], dtype=torch.float16))
+
+
+def test_engine_uncoalesced_fp16_sparse_steps_match_gradscaler(seed):
+    p, q = _fp16_param(), _fp16_param()
+    opt, ref_opt = torch.optim.SGD([p], lr=0.5), torch.optim.SGD([q], lr=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=_FP16_SCALE, growth_interval=GROWTH_INTERVAL)
+    scaler.scale(torch.ones(()))
+    mp = ampkit.MixedPrecision("fp16", device="cpu", scaler=ampkit.DynamicLossScaler(
+        init_scale=_FP16_SCALE, growth_interval=GROWTH_INTERVAL, max_scale=None))
+    skipped = []
+    for values in _FP16_STEPS:
+        q.grad = _fp16_sparse_grad(values, scaler.get_scale())
+        _unscale_allowing_fp16(scaler, ref_opt)
+        scaler.step(ref_opt)
+        scaler.update()
+        p.grad = _fp16_sparse_grad(values, float(mp.scale))
+        assert torch.isfinite(p.grad._values()).all()
+        skipped.append(mp.step(opt).skipped)
+        assert torch.equal(p, q)
+        assert float(mp.scale) == scaler.get_scale()
+    assert skipped == [False, False, True, False]

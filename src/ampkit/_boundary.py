@@ -4,7 +4,10 @@
 ``torch.amp.GradScaler`` and ``clip_grad_norm_`` do in the official recipe, and differs only
 where the recipe fails or goes wrong:
 
-- ``grads_to_unscale``: the gradients of an optimizer's parameters.
+- ``grads_to_unscale``: the gradients of an optimizer's parameters.  An fp16 sparse gradient is
+  coalesced onto the parameter first (``p.grad = p.grad.coalesce()``), as ``GradScaler`` does:
+  duplicate indices can overflow fp16 only once summed, so the check must see the sums, and the
+  unscaled tensor must be the one the optimizer reads.
 - ``clip_or_norm``: the recipe's ``clip_grad_norm_`` call, or the norm alone without clipping
   (sparse gradients included); clipping sparse gradients is refused, as torch cannot.
 - ``step_or_skip``: ``optimizer.step()`` unless ``found_inf`` says skip.  Optimizers with
@@ -26,15 +29,23 @@ __all__ = ["clip_or_norm", "grads_to_unscale", "step_or_skip"]
 
 
 def grads_to_unscale(opt: torch.optim.Optimizer, *, local: bool) -> list[torch.Tensor]:
-    """The gradients of ``opt``'s parameters for ``LossScaler.unscale_``.
+    """The gradients of ``opt``'s parameters for ``LossScaler.unscale_`` (fp16 sparse ones coalesced in place).
 
     ``local``: a hook makes ``found_inf`` global, so only this rank's shards are checked; a
     sharded (DTensor) gradient would otherwise run one blocking all-reduce per dtype group.
     """
-    grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
-    if local:
-        with torch.no_grad():  # to_local() then returns the shard itself, no autograd node
-            grads = [local_shard(g) for g in grads]
+    grads: list[torch.Tensor] = []
+    with torch.no_grad():  # to_local() then returns the shard itself, no autograd node
+        for group in opt.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                if g.is_sparse and g.dtype is torch.float16:
+                    # A sort and a copy of the values, for fp16 sparse gradients only; a no-op
+                    # when already coalesced.
+                    p.grad = g = g.coalesce()
+                grads.append(local_shard(g) if local else g)
     return grads
 
 
