@@ -3,13 +3,14 @@
 Each scenario runs twice from the same init (deepcopy) on the same data: once through the
 hand-written official recipe, once through ``ampkit.MixedPrecision``; parameters are compared
 bit for bit after several steps, at least one of them skipped, and so is the loss scale.
-Covered: sparse gradients (``nn.Embedding(sparse=True)``) and uncoalesced fp16 sparse gradients.
+Covered: sparse gradients (``nn.Embedding(sparse=True)``), uncoalesced fp16 sparse gradients, and
+custom optimizers with ``_step_supports_amp_scaling``.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -235,3 +236,201 @@ def test_engine_uncoalesced_fp16_sparse_steps_match_gradscaler(seed):
         assert torch.equal(p, q)
         assert float(mp.scale) == scaler.get_scale()
     assert skipped == [False, False, True, False]
+
+
+# -- 4. custom optimizers with _step_supports_amp_scaling ----------------------------------------------------------
+class _ProtocolSGD(torch.optim.Optimizer):
+    """Plain SGD that implements torch's AMP attribute protocol: it reads grad_scale and found_inf."""
+
+    honors_found_inf = True
+
+    def __init__(self, params: Any, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+        self._step_supports_amp_scaling = True
+        self.calls: list[tuple[Any, Any]] = []
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        self.calls.append((grad_scale, found_inf))
+        if self.honors_found_inf and found_inf is not None and float(found_inf) > 0:
+            return
+        self._apply(grad_scale)
+
+    @torch.no_grad()
+    def _apply(self, grad_scale: torch.Tensor | None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    g = p.grad if grad_scale is None else p.grad / grad_scale
+                    p.add_(g, alpha=-group["lr"])
+
+
+class _IgnoresFoundInf(_ProtocolSGD):
+    """Declares the protocol, unscales by grad_scale, but never looks at found_inf."""
+
+    honors_found_inf = False
+
+
+class _WantsGradScaler(_ProtocolSGD):
+    """Written for GradScaler's deprecated protocol: given ``grad_scaler=``, it would unscale through it."""
+
+    def step(self, closure: Callable[[], Any] | None = None, *, grad_scaler: Any = None) -> None:  # type: ignore[override]
+        self.calls.append((grad_scaler, None))
+        if grad_scaler is not None:
+            raise AssertionError("GradScaler's protocol is not exercised here")
+        self._apply(None)  # called as a plain optimizer: the gradients are already unscaled
+
+
+def _tiny() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _tiny_data(n: int = 10) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(5)
+    # Large targets: the first steps overflow fp16 at the initial scale and are skipped.
+    return [(torch.randn(4, 8, generator=g), 400.0 * torch.randn(4, 4, generator=g)) for _ in range(n)]
+
+
+def _tiny_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (model(x).float() - y).pow(2).mean()
+
+
+def _recipe_tiny(model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[torch.Tensor, torch.Tensor]],
+                 user_scale: float | None = None) -> torch.amp.GradScaler:
+    scaler = _grad_scaler()
+    for x, y in data:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = _tiny_loss(model, x, y)
+        if user_scale is not None:
+            loss = loss * user_scale
+            opt.grad_scale = torch.tensor(user_scale)  # type: ignore[attr-defined]
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    return scaler
+
+
+def _engine_tiny(model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[torch.Tensor, torch.Tensor]],
+                 user_scale: float | None = None) -> tuple[ampkit.MixedPrecision, list[bool]]:
+    mp = ampkit.MixedPrecision("fp16", device="cpu", scaler=_scaler())
+    mp.prepare(model)
+    skipped = []
+    for x, y in data:
+        with mp.autocast():
+            loss = _tiny_loss(model, x, y)
+        if user_scale is not None:
+            loss = loss * user_scale
+            opt.grad_scale = torch.tensor(user_scale)  # type: ignore[attr-defined]
+        mp.backward(loss)
+        skipped.append(mp.step(opt).skipped)
+    return mp, skipped
+
+
+def test_engine_protocol_optimizer_matches_gradscaler(seed):
+    model = _tiny()
+    ref = copy.deepcopy(model)
+    scaler = _recipe_tiny(ref, _ProtocolSGD(ref.parameters(), lr=1e-3), _tiny_data())
+    mp, skipped = _engine_tiny(model, _ProtocolSGD(model.parameters(), lr=1e-3), _tiny_data())
+    assert any(skipped) and not all(skipped), skipped
+    assert float(mp.scale) == scaler.get_scale()
+    _assert_same_params(model, ref)
+
+
+def test_engine_skips_protocol_optimizer_that_ignores_found_inf(seed):
+    model = _tiny()
+    ref = copy.deepcopy(model)
+    # The reference is the same optimizer honouring found_inf: what a skipped step must look like.
+    scaler = _recipe_tiny(ref, _ProtocolSGD(ref.parameters(), lr=1e-3), _tiny_data())
+    opt = _IgnoresFoundInf(model.parameters(), lr=1e-3)
+    mp, skipped = _engine_tiny(model, opt, _tiny_data())
+    assert any(skipped) and not all(skipped), skipped
+    assert len(opt.calls) == skipped.count(False)
+    assert all(float(found) == 0.0 for _, found in opt.calls)
+    assert float(mp.scale) == scaler.get_scale()
+    _assert_same_params(model, ref)
+
+
+def test_engine_fused_optimizer_with_user_grad_scale_matches_gradscaler(seed):
+    model = _tiny()
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=1e-3, fused=True)
+    scaler = _recipe_tiny(ref, ref_opt, _tiny_data(), user_scale=4.0)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, fused=True)
+    mp, skipped = _engine_tiny(model, opt, _tiny_data(), user_scale=4.0)
+    assert any(skipped) and not all(skipped), skipped
+    assert float(mp.scale) == scaler.get_scale()
+    _assert_same_params(model, ref)
+    assert not hasattr(opt, "grad_scale") and not hasattr(ref_opt, "grad_scale")
+    assert not hasattr(opt, "found_inf") and not hasattr(ref_opt, "found_inf")
+
+
+def test_engine_protocol_optimizer_gets_user_grad_scale_then_attributes_deleted(seed):
+    model = _tiny()
+    opt = _ProtocolSGD(model.parameters(), lr=1e-3)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", scaler=ampkit.DynamicLossScaler(init_scale=1.0))
+    x, y = _tiny_data(1)[0]
+    for user_scale in (torch.tensor(4.0), None):
+        with mp.autocast():
+            loss = _tiny_loss(model, x, y)
+        if user_scale is not None:
+            opt.grad_scale = user_scale  # type: ignore[attr-defined]
+        mp.backward(loss)
+        mp.step(opt)
+        assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+    assert opt.calls[0][0] is not None and float(opt.calls[0][0]) == 4.0
+    assert opt.calls[1][0] is None
+    assert all(isinstance(found, torch.Tensor) for _, found in opt.calls)
+
+
+def test_engine_refuses_grad_scaler_keyword_optimizer_before_unscaling(seed):
+    model = _tiny()
+    opt = _WantsGradScaler(model.parameters(), lr=1e-3)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", scaler=ampkit.DynamicLossScaler(init_scale=8.0))
+    x, y = _tiny_data(1)[0]
+    with mp.autocast():
+        loss = _tiny_loss(model, x, y)
+    mp.backward(loss)
+    scaled = [p.grad.clone() for p in model.parameters()]
+    with pytest.raises(TypeError) as info:
+        mp.step(opt)
+    message = str(info.value)
+    assert message.startswith("_WantsGradScaler.step() takes grad_scaler=")
+    assert "self.grad_scale" in message and "self.found_inf" in message
+    assert "_step_supports_amp_scaling = False" in message
+    assert opt.calls == []
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), scaled))
+
+
+def test_engine_grad_scaler_keyword_optimizer_without_protocol_matches_gradscaler(seed):
+    # The error's second fix: without _step_supports_amp_scaling, both unscale and skip for it.
+    model = _tiny()
+    ref = copy.deepcopy(model)
+    ref_opt = _WantsGradScaler(ref.parameters(), lr=1e-3)
+    opt = _WantsGradScaler(model.parameters(), lr=1e-3)
+    ref_opt._step_supports_amp_scaling = opt._step_supports_amp_scaling = False
+    scaler = _recipe_tiny(ref, ref_opt, _tiny_data())
+    mp, skipped = _engine_tiny(model, opt, _tiny_data())
+    assert any(skipped) and not all(skipped), skipped
+    assert float(mp.scale) == scaler.get_scale()
+    _assert_same_params(model, ref)
+
+
+def test_engine_custom_protocol_optimizer_step_makes_one_host_sync(monkeypatch, seed):
+    model = _tiny()
+    opt = _ProtocolSGD(model.parameters(), lr=1e-3)
+    mp = ampkit.MixedPrecision("fp16", device="cpu")
+    x, y = _tiny_data(1)[0]
+    with mp.autocast():
+        loss = _tiny_loss(model, x, y)
+    mp.backward(loss)
+    calls: list[str] = []
+    original = torch.Tensor.item
+
+    def counting_item(self: torch.Tensor) -> Any:
+        calls.append("item")
+        return original(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    mp.step(opt)
+    assert calls == ["item"]

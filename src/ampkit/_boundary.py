@@ -11,8 +11,10 @@ where the recipe fails or goes wrong:
 - ``clip_or_norm``: the recipe's ``clip_grad_norm_`` call, or the norm alone without clipping
   (sparse gradients included); clipping sparse gradients is refused, as torch cannot.
 - ``step_or_skip``: ``optimizer.step()`` unless ``found_inf`` says skip.  Optimizers with
-  ``_step_supports_amp_scaling`` get ``grad_scale`` and ``found_inf`` set for their step and
-  skip by themselves with no host sync; any other is skipped by the engine (one host sync).
+  ``_step_supports_amp_scaling`` get ``grad_scale`` and ``found_inf`` set for their step, as
+  under ``GradScaler``; those whose ``step`` is torch's own (the fused kernels) skip by
+  themselves with no host sync, any other is skipped by the engine (one host sync), so an
+  optimizer that ignores ``found_inf`` cannot apply a step that must be skipped.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch import nn
 from ampkit._util.dtensor import local_shard
 from ampkit._util.grads import global_grad_norm
 
-__all__ = ["clip_or_norm", "grads_to_unscale", "step_or_skip"]
+__all__ = ["clip_or_norm", "grads_to_unscale", "skips_by_itself", "step_or_skip"]
 
 
 def grads_to_unscale(opt: torch.optim.Optimizer, *, local: bool) -> list[torch.Tensor]:
@@ -80,22 +82,37 @@ def _sparse_clip_message(p: torch.Tensor, max_norm: float, models: Sequence[nn.M
     )
 
 
+def skips_by_itself(opt: torch.optim.Optimizer) -> bool:
+    """True when ``opt.step`` is torch's own and ``opt`` declares ``_step_supports_amp_scaling``.
+
+    torch's optimizers declare it only with ``fused=True``, whose kernels read ``found_inf`` on the
+    device and leave parameters and state untouched when it is 1.0.  A step written elsewhere
+    (a custom optimizer, or a subclass that overrides ``step``) is not taken on trust.
+    """
+    step = getattr(type(opt), "step", None)
+    return bool(getattr(opt, "_step_supports_amp_scaling", False)) and str(
+        getattr(step, "__module__", "")).startswith("torch.optim.")
+
+
 def step_or_skip(opt: torch.optim.Optimizer, found_inf: torch.Tensor, *, checked: bool) -> None:
-    """Call ``opt.step()`` unless ``found_inf > 0``; ``checked``: the gradients were checked at all."""
-    if getattr(opt, "_step_supports_amp_scaling", False):
-        # Fused kernels read found_inf on the device and skip the update themselves: no sync.
-        # grad_scale=None: the gradients were already unscaled.
-        opt.grad_scale = None  # type: ignore[attr-defined]
-        opt.found_inf = found_inf  # type: ignore[attr-defined]
-        try:
-            opt.step()
-        finally:
-            del opt.grad_scale  # type: ignore[attr-defined]
-            del opt.found_inf  # type: ignore[attr-defined]
+    """Call ``opt.step()`` unless ``found_inf > 0``; ``checked``: the gradients were checked at all.
+
+    For an optimizer with ``_step_supports_amp_scaling`` the step sees ``opt.found_inf`` and
+    ``opt.grad_scale``, deleted again afterwards, as ``GradScaler.step`` sets them.  The engine
+    has already unscaled the gradients, so ``grad_scale`` is the scale the caller set on the
+    optimizer, else None: ``GradScaler`` passes the product of its scale and the caller's, and the
+    engine's factor is 1 once it has unscaled.
+    """
+    if checked and not skips_by_itself(opt) and found_inf.item():
+        # The one host sync of such a step: the optimizer cannot be trusted to skip by itself.
         return
-    if not checked:
+    if not getattr(opt, "_step_supports_amp_scaling", False):
         opt.step()
         return
-    # The one host sync of a non-fused step: the optimizer cannot skip by itself.
-    if not found_inf.item():
+    opt.grad_scale = getattr(opt, "grad_scale", None)  # type: ignore[attr-defined]
+    opt.found_inf = found_inf  # type: ignore[attr-defined]
+    try:
         opt.step()
+    finally:
+        del opt.grad_scale  # type: ignore[attr-defined]
+        del opt.found_inf  # type: ignore[attr-defined]

@@ -9,9 +9,9 @@ The order is fixed by construction::
 
 Every operation is the one ``torch.autocast`` + ``torch.amp.GradScaler`` perform in the
 official recipe, in the same order, so the result is bit-identical to that recipe.  The step
-makes no host sync for optimizers that accept ``grad_scale``/``found_inf`` (fused Adam, AdamW,
-SGD); for other optimizers exactly one remains: reading ``found_inf`` to decide whether to call
-``optimizer.step()`` (``ampkit._boundary``).
+makes no host sync for torch's fused optimizers (Adam, AdamW, SGD, Adagrad with ``fused=True``),
+whose kernels read ``found_inf`` themselves; for other optimizers exactly one remains: reading
+``found_inf`` to decide whether to call ``optimizer.step()`` (``ampkit._boundary``).
 
 The engine knows its extensions only as ``EngineHook`` objects (``ampkit.hooks``); the public
 ``ampkit.MixedPrecision`` (``ampkit.mixed_precision``) adds the ``telemetry=`` and ``doctor=``
@@ -31,7 +31,7 @@ from torch import nn
 
 from ampkit import hooks as _hooks
 from ampkit._boundary import clip_or_norm, grads_to_unscale, step_or_skip
-from ampkit._guards import check_eps, check_param
+from ampkit._guards import check_amp_step, check_eps, check_param
 from ampkit._state import EngineState, check_engine_state
 from ampkit.config import EngineConfig
 from ampkit.policy import Fp32Policy, KeepFp32Rule
@@ -362,6 +362,7 @@ class Engine:
         count = sum(len(g["params"]) for g in opt.param_groups)
         if state.checked and state.param_count == count:
             return
+        check_amp_step(opt)
         where = f"{type(opt).__name__} param_groups"
         for group in opt.param_groups:
             for p in group["params"]:
