@@ -3,13 +3,14 @@
 Each scenario runs twice from the same init (deepcopy) on the same data: once through the
 hand-written official recipe, once through ``ampkit.MixedPrecision``; parameters are compared
 bit for bit after several steps, at least one of them skipped, and so is the loss scale.
-Covered: sparse gradients (``nn.Embedding(sparse=True)``), uncoalesced fp16 sparse gradients, and
-custom optimizers with ``_step_supports_amp_scaling``.
+Covered: sparse gradients (``nn.Embedding(sparse=True)``), uncoalesced fp16 sparse gradients,
+losses nested in lists and tuples, and custom optimizers with ``_step_supports_amp_scaling``.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -236,6 +237,141 @@ def test_engine_uncoalesced_fp16_sparse_steps_match_gradscaler(seed):
         assert torch.equal(p, q)
         assert float(mp.scale) == scaler.get_scale()
     assert skipped == [False, False, True, False]
+
+
+# -- 3. nested outputs ---------------------------------------------------------------------------------------
+Pair = namedtuple("Pair", ["a", "b"])
+
+
+def _structures() -> list[Any]:
+    t = [torch.tensor(float(v)) for v in (1.5, -2.0, 3.25)]
+    return [t[0], [t[0], t[1]], (t[0], [t[1], (t[2],)]), ()]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_engine_scale_loss_returns_gradscaler_structure(seed, index):
+    outputs = _structures()[index]
+    mp = ampkit.MixedPrecision("fp16", device="cpu", scaler=ampkit.DynamicLossScaler(init_scale=8.0))
+    ours, theirs = mp.scale_loss(outputs), torch.amp.GradScaler("cpu", init_scale=8.0).scale(outputs)
+
+    def same(a: Any, b: Any) -> None:
+        assert type(a) is type(b)
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b)
+        else:
+            assert len(a) == len(b)
+            for x, y in zip(a, b):
+                same(x, y)
+
+    same(ours, theirs)
+
+
+def test_engine_scale_loss_keeps_named_tuples(seed):
+    # GradScaler.scale fails here (it calls Pair(map_object)); the engine rebuilds the named tuple.
+    mp = ampkit.MixedPrecision("fp16", device="cpu", scaler=ampkit.DynamicLossScaler(init_scale=8.0))
+    ours = mp.scale_loss(Pair(torch.tensor(1.0), [torch.tensor(2.0)]))
+    assert type(ours) is Pair and type(ours.b) is list
+    assert float(ours.a) == 8.0 and float(ours.b[0]) == 16.0
+
+
+def test_engine_scale_loss_returns_iterator_for_other_iterables(seed):
+    t = [torch.tensor(1.0), torch.tensor(2.0)]
+    mp = ampkit.MixedPrecision("fp16", device="cpu", scaler=ampkit.DynamicLossScaler(init_scale=4.0))
+    ours = mp.scale_loss(x for x in t)
+    theirs = torch.amp.GradScaler("cpu", init_scale=4.0).scale(x for x in t)
+    assert iter(ours) is ours
+    assert [float(x) for x in ours] == [float(x) for x in theirs] == [4.0, 8.0]
+
+
+def test_engine_scale_loss_refusal_names_scale_loss(seed):
+    mp = ampkit.MixedPrecision("fp16", device="cpu")
+    with pytest.raises(TypeError, match=r"mp\.scale_loss\(loss\) needs a tensor or nested") as info:
+        mp.scale_loss([torch.ones(()), 2.0])
+    assert "mp.backward" not in str(info.value)
+    with pytest.raises(TypeError, match=r"list\(losses\.values\(\)\)"):
+        mp.scale_loss({"a": torch.ones(())})
+    with pytest.raises(TypeError, match=r"mp\.backward\(loss\) needs a tensor"):
+        mp.backward("loss")
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.head_a = nn.Linear(8, 2)
+        self.head_b = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.body(x))
+        return self.head_a(h), self.head_b(h)
+
+
+def _two_losses(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    a, b = model(x)
+    return (a.float().pow(2).mean(), [b.float().abs().mean(), (a.float() * 3.0).sum()])
+
+
+def _head_data(n: int = 12) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(4, 8, generator=g) for _ in range(n)]
+
+
+def test_engine_backward_nested_losses_matches_gradscaler(seed):
+    model, accumulation = _TwoHeads(), 2
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=1e-2, momentum=0.9)
+    scaler = _grad_scaler()
+    data = _head_data()
+    for i, x in enumerate(data):
+        with torch.autocast("cpu", dtype=torch.float16):
+            la, (lb, lc) = _two_losses(ref, x)
+        scaled = scaler.scale((la / accumulation, [lb / accumulation, lc / accumulation]))
+        torch.autograd.backward([scaled[0], *scaled[1]])
+        if (i + 1) % accumulation == 0:
+            scaler.step(ref_opt)
+            scaler.update()
+            ref_opt.zero_grad(set_to_none=True)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", grad_accumulation=accumulation, scaler=_scaler())
+    skipped = []
+    for x in data:
+        with mp.autocast():
+            losses = _two_losses(model, x)
+        mp.backward(losses)
+        result = mp.step(opt)
+        if result.boundary:
+            skipped.append(result.skipped)
+    assert any(skipped) and not all(skipped), skipped
+    assert float(mp.scale) == scaler.get_scale()
+    _assert_same_params(model, ref)
+
+
+def test_engine_backward_nested_calls_on_backward_once_per_tensor(seed):
+    model = _TwoHeads()
+    record = _Record()
+    mp = ampkit.MixedPrecision("fp16", device="cpu", grad_accumulation=2, hooks=[record])
+    with mp.autocast():
+        la, (lb, lc) = _two_losses(model, _head_data(1)[0])
+    mp.backward((la, [lb, lc]))
+    assert [id(t) for t in record.losses] == [id(la), id(lb), id(lc)]
+
+
+def test_engine_backward_nested_telemetry_and_doctor_record_each_loss(seed):
+    model = _TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    records: list[dict[str, Any]] = []
+    mp = ampkit.MixedPrecision("fp16", device="cpu", telemetry=ampkit.Telemetry([records.append], flush_every=1),
+                               doctor=True)
+    mp.prepare(model)
+    expected = []
+    for x in _head_data(3):
+        with mp.autocast():
+            la, (lb, lc) = _two_losses(model, x)
+        expected.append((la.item() + lb.item() + lc.item()) / 3)
+        mp.backward((la, [lb, lc]))
+        mp.step(opt)
+    mp.close()
+    assert [r["loss"] for r in records] == pytest.approx(expected, rel=1e-6)
 
 
 # -- 4. custom optimizers with _step_supports_amp_scaling ----------------------------------------------------------

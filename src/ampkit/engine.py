@@ -33,6 +33,7 @@ from ampkit import hooks as _hooks
 from ampkit._boundary import clip_or_norm, grads_to_unscale, step_or_skip
 from ampkit._guards import check_amp_step, check_eps, check_param
 from ampkit._state import EngineState, check_engine_state
+from ampkit._util.nested import flatten_tensors
 from ampkit.config import EngineConfig
 from ampkit.policy import Fp32Policy, KeepFp32Rule
 from ampkit.precision import Precision
@@ -214,33 +215,50 @@ class Engine:
             return model.no_sync()  # type: ignore[operator,no-any-return]
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor, **backward_kwargs: Any) -> None:
+    def backward(self, loss: Any, **backward_kwargs: Any) -> None:
         """Divide by ``grad_accumulation``, scale (fp16), and run backward.
 
-        Call it once per loss; several losses per step are fine.  Keyword arguments go to
-        ``Tensor.backward`` (``retain_graph``, ``inputs``).
+        Call it once per loss; several losses per step are fine.  ``loss`` may also be nested
+        lists/tuples of tensors (as ``GradScaler.scale`` takes): each is divided and scaled, and
+        one ``torch.autograd.backward`` runs on them all.  Keyword arguments go to
+        ``Tensor.backward`` for a tensor (``retain_graph``, ``inputs``) and to
+        ``torch.autograd.backward`` for a structure (``grad_tensors`` in depth-first order).
         """
-        in_autocast = self.precision.autocast_enabled and torch.is_autocast_enabled(self.device.type)
-        if in_autocast and isinstance(loss, torch.Tensor):
+        if self.precision.autocast_enabled and torch.is_autocast_enabled(self.device.type):
             self._warn_once(
                 "backward_in_autocast",
                 "mp.backward() was called inside mp.autocast(): backward ops run in the dtype their "
                 "forward ops chose, so autocast gains nothing here and may cast more; move the "
                 "backward call out of the `with mp.autocast():` block",
             )
-        self.scale_loss(loss).backward(**backward_kwargs)
+        scaled, _ = self._scale_leaves(loss, "mp.backward(loss)")
+        if isinstance(loss, torch.Tensor):
+            scaled[0].backward(**backward_kwargs)
+        else:
+            torch.autograd.backward(scaled, **backward_kwargs)
 
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """Everything ``backward`` does before ``.backward()``; returns the tensor to run it on.
+    def scale_loss(self, loss: Any) -> Any:
+        """Everything ``backward`` does before ``.backward()``; returns the tensor(s) to run it on.
 
         For a framework that runs backward itself (a Lightning precision plugin): the hooks see
-        ``loss``, the non-finite flag is recorded, and the result is divided and scaled.  No
-        warning for a call inside autocast: the framework, not the user, places that call.
+        ``loss``, the non-finite flag is recorded, and the result is divided and scaled.  Like
+        ``GradScaler.scale``, ``loss`` may be a tensor or nested lists/tuples (any iterable) of
+        tensors, and the result has the same structure (an iterable that is not a list or tuple
+        comes back as an iterator).  No warning for a call inside autocast: the framework, not
+        the user, places that call.
         """
-        if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"mp.backward(loss) needs a tensor, got {type(loss).__name__}")
-        for hook in self._hooks:
-            hook.on_backward(self, loss)
+        return self._scale_leaves(loss, "mp.scale_loss(loss)")[1]
+
+    def _scale_leaves(self, loss: Any, call: str) -> tuple[list[torch.Tensor], Any]:
+        leaves, rebuild = flatten_tensors(loss, call=call)
+        for leaf in leaves:
+            # One call per tensor, as if each had its own mp.backward: hooks see tensors only.
+            for hook in self._hooks:
+                hook.on_backward(self, leaf)
+        scaled = [self._divide_and_scale(leaf) for leaf in leaves]
+        return scaled, rebuild(scaled)
+
+    def _divide_and_scale(self, loss: torch.Tensor) -> torch.Tensor:
         if self.grad_accumulation > 1:
             loss = loss / self.grad_accumulation
         if self.scaler.enabled or self.skip_nonfinite:
