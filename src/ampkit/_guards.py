@@ -1,4 +1,4 @@
-"""Construction-time checks of the engine's inputs: parameters and optimizer ``eps``.
+"""Construction-time checks of the engine's inputs: parameters, optimizer ``eps`` and ``step`` signature.
 
 They run once per model (``prepare``) and once per optimizer layout (the first boundary), never
 per step, and raise with the call echoed and the fix.
@@ -13,11 +13,13 @@ ValueError: Adam(eps=1e-08) cannot be represented in fp16 parameters (it becomes
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ampkit._util.dtypes import dtype_name
 
-__all__ = ["check_eps", "check_param"]
+__all__ = ["check_amp_step", "check_eps", "check_param"]
 
 
 def check_param(p: torch.Tensor, *, where: str, device: torch.device, scaled: bool) -> None:
@@ -56,3 +58,31 @@ def check_eps(opt: torch.optim.Optimizer, eps: float, dtypes: set[torch.dtype]) 
                 f"(it becomes {stored:g}), so the update can divide by zero and go inf/NaN. Keep the "
                 f"parameters in fp32, or use eps >= {tiny:g} (the smallest normal {dtype_name(dtype)})"
             )
+
+
+def check_amp_step(opt: torch.optim.Optimizer) -> None:
+    """Raise when ``opt`` declares ``_step_supports_amp_scaling`` and its ``step`` takes ``grad_scaler``.
+
+    ``GradScaler.step`` passes itself as ``grad_scaler=`` to such an optimizer (a protocol torch
+    deprecates) and then neither unscales nor skips for it: the optimizer does both through the
+    GradScaler.  The engine has no GradScaler to pass, and an optimizer written for one would run
+    without it, so it is refused before its first step, with the two ways to fix it.
+    """
+    if not getattr(opt, "_step_supports_amp_scaling", False):
+        return
+    try:
+        params = inspect.signature(opt.step).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin): nothing declares grad_scaler
+        return
+    if "grad_scaler" not in params:
+        return
+    name = type(opt).__name__
+    raise TypeError(
+        f"{name}.step() takes grad_scaler=, the keyword through which torch.amp.GradScaler hands itself to "
+        f"optimizers with _step_supports_amp_scaling = True; ampkit unscales and skips without a GradScaler, "
+        f"so {name} would get none. Either make {name}.step() read the tensors the engine sets on the "
+        "optimizer during the step, as torch's fused optimizers do: self.grad_scale (None: the gradients "
+        "are already unscaled) and self.found_inf (> 0: leave parameters and state unchanged), and drop "
+        "its grad_scaler parameter; or set optimizer._step_supports_amp_scaling = False, and the engine "
+        "unscales the gradients and skips the step for it"
+    )

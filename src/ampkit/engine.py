@@ -9,9 +9,9 @@ The order is fixed by construction::
 
 Every operation is the one ``torch.autocast`` + ``torch.amp.GradScaler`` perform in the
 official recipe, in the same order, so the result is bit-identical to that recipe.  The step
-makes no host sync for optimizers that accept ``grad_scale``/``found_inf`` (fused Adam, AdamW,
-SGD); for other optimizers exactly one remains: reading ``found_inf`` to decide whether to call
-``optimizer.step()``.
+makes no host sync for torch's fused optimizers (Adam, AdamW, SGD, Adagrad with ``fused=True``),
+whose kernels read ``found_inf`` themselves; for other optimizers exactly one remains: reading
+``found_inf`` to decide whether to call ``optimizer.step()`` (``ampkit._boundary``).
 
 The engine knows its extensions only as ``EngineHook`` objects (``ampkit.hooks``); the public
 ``ampkit.MixedPrecision`` (``ampkit.mixed_precision``) adds the ``telemetry=`` and ``doctor=``
@@ -30,10 +30,10 @@ import torch
 from torch import nn
 
 from ampkit import hooks as _hooks
-from ampkit._guards import check_eps, check_param
+from ampkit._boundary import clip_or_norm, grads_to_unscale, step_or_skip
+from ampkit._guards import check_amp_step, check_eps, check_param
 from ampkit._state import EngineState, check_engine_state
-from ampkit._util.dtensor import local_shard
-from ampkit._util.grads import global_grad_norm
+from ampkit._util.nested import flatten_tensors
 from ampkit.config import EngineConfig
 from ampkit.policy import Fp32Policy, KeepFp32Rule
 from ampkit.precision import Precision
@@ -215,33 +215,50 @@ class Engine:
             return model.no_sync()  # type: ignore[operator,no-any-return]
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor, **backward_kwargs: Any) -> None:
+    def backward(self, loss: Any, **backward_kwargs: Any) -> None:
         """Divide by ``grad_accumulation``, scale (fp16), and run backward.
 
-        Call it once per loss; several losses per step are fine.  Keyword arguments go to
-        ``Tensor.backward`` (``retain_graph``, ``inputs``).
+        Call it once per loss; several losses per step are fine.  ``loss`` may also be nested
+        lists/tuples of tensors (as ``GradScaler.scale`` takes): each is divided and scaled, and
+        one ``torch.autograd.backward`` runs on them all.  Keyword arguments go to
+        ``Tensor.backward`` for a tensor (``retain_graph``, ``inputs``) and to
+        ``torch.autograd.backward`` for a structure (``grad_tensors`` in depth-first order).
         """
-        in_autocast = self.precision.autocast_enabled and torch.is_autocast_enabled(self.device.type)
-        if in_autocast and isinstance(loss, torch.Tensor):
+        if self.precision.autocast_enabled and torch.is_autocast_enabled(self.device.type):
             self._warn_once(
                 "backward_in_autocast",
                 "mp.backward() was called inside mp.autocast(): backward ops run in the dtype their "
                 "forward ops chose, so autocast gains nothing here and may cast more; move the "
                 "backward call out of the `with mp.autocast():` block",
             )
-        self.scale_loss(loss).backward(**backward_kwargs)
+        scaled, _ = self._scale_leaves(loss, "mp.backward(loss)")
+        if isinstance(loss, torch.Tensor):
+            scaled[0].backward(**backward_kwargs)
+        else:
+            torch.autograd.backward(scaled, **backward_kwargs)
 
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """Everything ``backward`` does before ``.backward()``; returns the tensor to run it on.
+    def scale_loss(self, loss: Any) -> Any:
+        """Everything ``backward`` does before ``.backward()``; returns the tensor(s) to run it on.
 
         For a framework that runs backward itself (a Lightning precision plugin): the hooks see
-        ``loss``, the non-finite flag is recorded, and the result is divided and scaled.  No
-        warning for a call inside autocast: the framework, not the user, places that call.
+        ``loss``, the non-finite flag is recorded, and the result is divided and scaled.  Like
+        ``GradScaler.scale``, ``loss`` may be a tensor or nested lists/tuples (any iterable) of
+        tensors, and the result has the same structure (an iterable that is not a list or tuple
+        comes back as an iterator).  No warning for a call inside autocast: the framework, not
+        the user, places that call.
         """
-        if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"mp.backward(loss) needs a tensor, got {type(loss).__name__}")
-        for hook in self._hooks:
-            hook.on_backward(self, loss)
+        return self._scale_leaves(loss, "mp.scale_loss(loss)")[1]
+
+    def _scale_leaves(self, loss: Any, call: str) -> tuple[list[torch.Tensor], Any]:
+        leaves, rebuild = flatten_tensors(loss, call=call)
+        for leaf in leaves:
+            # One call per tensor, as if each had its own mp.backward: hooks see tensors only.
+            for hook in self._hooks:
+                hook.on_backward(self, leaf)
+        scaled = [self._divide_and_scale(leaf) for leaf in leaves]
+        return scaled, rebuild(scaled)
+
+    def _divide_and_scale(self, loss: torch.Tensor) -> torch.Tensor:
         if self.grad_accumulation > 1:
             loss = loss / self.grad_accumulation
         if self.scaler.enabled or self.skip_nonfinite:
@@ -265,8 +282,9 @@ class Engine:
         found_inf = per_opt_found[0] if len(per_opt_found) == 1 else torch.stack(per_opt_found).sum()
         for hook in self._hooks:
             hook.before_optimizer_step(self, opts, found_inf, grad_norm)
+        checked = self.scaler.enabled or self.skip_nonfinite
         for opt, found in zip(opts, per_opt_found):
-            self._step_or_skip(opt, found)
+            step_or_skip(opt, found, checked=checked)
         # The update reads found_inf after the steps, matching GradScaler.update's order.
         scale_used = scale.clone() if self.scaler.enabled else scale
         self.scaler.update(found_inf)
@@ -350,48 +368,19 @@ class Engine:
     def _unscale(self, opt: torch.optim.Optimizer) -> torch.Tensor:
         found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.scaler.enabled or self.skip_nonfinite:
-            grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
-            if self._reducers:
-                # A hook makes found_inf global, so check this rank's shards only; a sharded
-                # (DTensor) gradient would otherwise run one blocking all-reduce per dtype group.
-                with torch.no_grad():  # to_local() then returns the shard itself, no autograd node
-                    grads = [local_shard(g) for g in grads]
-            self.scaler.unscale_(grads, found_inf)
+            self.scaler.unscale_(grads_to_unscale(opt, local=bool(self._reducers)), found_inf)
         return found_inf
 
     def _clip_and_norm(self, opts: Sequence[torch.optim.Optimizer]) -> torch.Tensor | None:
         params = [p for opt in opts for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        if not params:
-            return None
-        if self.clip_grad_norm is not None:
-            # Same call as the recipe, so the clipped gradients match bit for bit.
-            return torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=None)
-        return global_grad_norm([p.grad for p in params if p.grad is not None])
-
-    def _step_or_skip(self, opt: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
-        if getattr(opt, "_step_supports_amp_scaling", False):
-            # Fused kernels read found_inf on the device and skip the update themselves: no sync.
-            # grad_scale=None: the gradients were already unscaled above.
-            opt.grad_scale = None  # type: ignore[attr-defined]
-            opt.found_inf = found_inf  # type: ignore[attr-defined]
-            try:
-                opt.step()
-            finally:
-                del opt.grad_scale  # type: ignore[attr-defined]
-                del opt.found_inf  # type: ignore[attr-defined]
-            return
-        if not (self.scaler.enabled or self.skip_nonfinite):
-            opt.step()
-            return
-        # The one host sync of a non-fused step: the optimizer cannot skip by itself.
-        if not found_inf.item():
-            opt.step()
+        return clip_or_norm(params, self.clip_grad_norm, self.models) if params else None
 
     def _check_optimizer(self, opt: torch.optim.Optimizer) -> None:
         state = self._opt_states.setdefault(id(opt), _OptState())
         count = sum(len(g["params"]) for g in opt.param_groups)
         if state.checked and state.param_count == count:
             return
+        check_amp_step(opt)
         where = f"{type(opt).__name__} param_groups"
         for group in opt.param_groups:
             for p in group["params"]:

@@ -91,7 +91,11 @@ class EngineHook:
         """Called once per model when ``prepare`` first records it (before its first forward)."""
 
     def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
-        """Called with the user's (unscaled, undivided) loss before backward."""
+        """Called with the user's (unscaled, undivided) loss before backward.
+
+        A loss passed as nested lists/tuples of tensors gives one call per tensor, depth first,
+        as one ``backward`` per tensor would: ``loss`` is always a tensor.
+        """
 
     def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Called at the boundary once gradients are unscaled and checked, before clipping."""

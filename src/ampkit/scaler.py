@@ -42,12 +42,18 @@ DEFAULT_MIN_SCALE = 2.0**-149
 def unscale_and_check_(
     grads: Iterable[torch.Tensor], inv_scale: torch.Tensor, found_inf: torch.Tensor
 ) -> torch.Tensor:
-    """Multiply ``grads`` in place by ``inv_scale`` and add 1 to ``found_inf`` if any is non-finite.
+    """Multiply ``grads`` by ``inv_scale`` and add 1 to ``found_inf`` if any is non-finite.
 
     Grads are grouped by (device, dtype) and each group goes through one
     ``torch._amp_foreach_non_finite_check_and_unscale_`` call: one fused read-and-write pass
     over the gradients, no host sync.  ``found_inf`` (a float32 scalar on ``inv_scale``'s
     device) is returned; groups on other devices are reduced onto it.
+
+    Dense gradients and the values of sparse ones are multiplied in place, except an uncoalesced
+    fp16 sparse gradient: it is checked and multiplied as a coalesced copy, as ``GradScaler``
+    checks it (duplicate indices can overflow fp16 only once summed), and stays scaled itself.
+    To keep the result, replace it by ``g.coalesce()`` first, as the engine does on each
+    parameter (``ampkit._boundary.grads_to_unscale``); a coalesced tensor coalesces to itself.
 
     >>> g = [torch.tensor([2.0, 4.0]), torch.tensor([float("inf")])]
     >>> found = unscale_and_check_(g, torch.tensor(0.5), torch.zeros(()))
