@@ -50,6 +50,35 @@ def test_telemetry_metrics_counts_mixed_dtypes_and_nothing() -> None:
         GradCounter(torch.device("cpu"), workspace_elements=1 << 25)
 
 
+def test_telemetry_metrics_counts_sparse_gradients_as_their_dense_values() -> None:
+    # Uncoalesced: row 2 appears twice, and its two halves cancel to an explicit zero once summed.
+    indices = torch.tensor([[1, 2, 2, 4]])
+    values = torch.tensor([[1.0, 0.5], [3.0, -0.5], [-3.0, math.inf], [0.0, 2.0]])
+    sparse = torch.sparse_coo_tensor(indices, values, (6, 2))
+    dense = torch.randn(5)
+    dense[0] = 0.0
+    zeros, nonfinite = GradCounter(torch.device("cpu"), workspace_elements=4).count([sparse, dense])
+    as_dense = sparse.to_dense()
+    assert float(zeros) == int((as_dense == 0).sum()) + 1 and float(nonfinite) == 1
+
+
+def test_telemetry_records_a_sparse_embedding_step() -> None:
+    records: list[dict] = []
+    emb = torch.nn.Embedding(50, 8, sparse=True)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    mp = ampkit.MixedPrecision("fp16", device="cpu",
+                               telemetry=Telemetry([ampkit.CallbackSink(records.append)], flush_every=2))
+    mp.prepare(emb)
+    for _ in range(2):
+        with mp.autocast():
+            loss = emb(torch.tensor([1, 2, 2, 3])).float().sum()
+        mp.backward(loss)
+        mp.step(opt)
+    mp.close()
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[-1]["zero_grad_fraction"] == pytest.approx((400 - 24) / 400)
+
+
 def test_telemetry_metrics_chunk_plan_covers_every_element_once() -> None:
     numels = [5, 1, 17, 0, 4, *([3] * 10)]
     for cap in (1, 3, 4, 16, 100):

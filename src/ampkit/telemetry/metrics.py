@@ -88,11 +88,18 @@ class GradCounter:
             zero = torch.zeros((), dtype=torch.float32, device=self.device)
             return zero, zero
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        sparse: list[torch.Tensor] = []
         for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
+            if g.is_sparse:
+                sparse.append(g)
+            else:
+                by_dtype.setdefault(g.dtype, []).append(g)
         counts = [c for dtype, group in by_dtype.items() for c in self._count_packed(dtype, group)]
         # Per-chunk counts are exact in float32 (< 2**24); the total is summed in float64 where it exists.
-        totals = torch.stack(counts).to(buffer_dtype(self.device)).sum(0)
+        acc = buffer_dtype(self.device)
+        totals = torch.stack(counts).to(acc).sum(0) if counts else torch.zeros(2, dtype=acc, device=self.device)
+        for g in sparse:
+            totals = totals + _sparse_counts(g, acc)
         return totals[0], totals[1]
 
     def _count_packed(self, dtype: torch.dtype, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -121,6 +128,15 @@ class GradCounter:
             nonfinite = torch.ne(work, work, out=mask).sum()
             out.append(torch.stack([zeros, nonfinite]))
         return out
+
+
+def _sparse_counts(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(zeros, non-finite) of a sparse gradient: its implicit zeros count as zeros.  Coalescing (a sort
+    and a copy of the values) sums duplicate indices first, as the optimizer will; sparse gradients only."""
+    values = g.coalesce().values()
+    nonzero = torch.count_nonzero(values).to(dtype)
+    nonfinite = torch.count_nonzero(~torch.isfinite(values)).to(dtype)
+    return torch.stack([g.numel() - nonzero, nonfinite])
 
 
 def _plan_chunks(numels: Sequence[int], cap: int) -> list[list[tuple[int, int, int]]]:
