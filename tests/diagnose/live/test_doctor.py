@@ -230,3 +230,20 @@ def test_replay_scale_collapse_from_a_derivative_singularity_says_so() -> None:
     (collapse,) = [f for f in found if f.code == "SCALE_COLLAPSE"]
     assert collapse.evidence["cause"] == "gradient_singularity"
     assert "overflows at any scale" in collapse.message
+
+
+def test_live_doctor_non_scalar_loss_with_a_gradient_is_checked_and_replayed() -> None:
+    # mp.backward(out, gradient=...) on a non-scalar output: the doctor must check every element.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", doctor=True)
+    mp.prepare(model)
+    skipped = []
+    for i in range(3):
+        with mp.autocast():
+            out = model(torch.randn(2, 4) * (1e6 if i == 1 else 1.0))
+        mp.backward(out.float(), gradient=torch.ones(2, 3))
+        skipped.append(mp.step(optimizer).skipped)
+    assert skipped[1] and not skipped[2]
+    assert mp.doctor is not None and "CAST_OVERFLOW" in {f.code for f in mp.doctor.findings}

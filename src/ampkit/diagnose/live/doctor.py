@@ -186,7 +186,8 @@ class ReplayDoctor(EngineHook):
             cap.has_found_inf = True
             parts.append(result.found_inf.reshape(1) > 0)
         if cap.losses:
-            finite = torch.isfinite(torch.stack([x.float().reshape(()) for x in cap.losses]))
+            # A loss may be non-scalar (mp.backward(out, gradient=...)): every element must be finite.
+            finite = torch.stack([torch.isfinite(x).all() for x in cap.losses])
             parts.append((~finite).any().reshape(1))
         if not parts:
             return
