@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
 import random
+import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +11,22 @@ import pytest
 import torch
 
 TESTS = Path(__file__).resolve().parent
+
+
+def _inductor_cache_per_isa() -> None:
+    """Give the suite's torch.compile calls a cache directory of their own per kernel cap.
+
+    inductor's cache key does not include ``ATEN_CPU_CAPABILITY`` / ``ONEDNN_MAX_CPU_ISA``: a kernel
+    compiled for AVX-512 is loaded by the emulated AVX2 run (and the reverse), which then fails or
+    aborts.  Set before any compile; rank and worker subprocesses inherit it.
+    """
+    caps = [f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(k)]
+    slug = re.sub(r"[^A-Za-z0-9=_-]", "_", "-".join(caps) or "native")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          str(Path(tempfile.gettempdir()) / f"ampkit-tests-inductor-{os.getuid()}-{slug}"))
+
+
+_inductor_cache_per_isa()
 NUMERICS = (
     "diagnose/", "telemetry/", "verify/", "tasks/", "cli/test_doctor.py", "cli/test_verify.py",
     "integrations/test_doctor_frameworks.py", "bench/test_gpu_check_sections.py", "test_engine", "test_scaler.py",
