@@ -214,12 +214,8 @@ class Fp8Converter:
         recipe = self.precision.fp8_recipe
         if recipe is None:
             raise ValueError(f"precision {self.precision.name!r} is not an fp8 precision; use 'fp8' or 'fp8-rowwise'")
-        if all_gather and recipe != "tensorwise":
-            raise ValueError(
-                f"the fp8 all-gather was requested with precision={self.precision.name!r}: torchao all-gathers fp8 "
-                "weights only with tensorwise scaling (one scale per weight, precomputed after each step). Use "
-                "precision='fp8' with fp8_all_gather=True, or keep fp8-rowwise and drop fp8_all_gather"
-            )
+        if all_gather:
+            self._check_all_gather(nn.Module())
         config = _import_float8().Float8LinearConfig.from_recipe_name(recipe)
         return dataclasses.replace(config, emulate=_emulate(self.precision.device),
                                    enable_fsdp_float8_all_gather=all_gather)
@@ -232,7 +228,19 @@ class Fp8Converter:
         """
         if not self.enabled:
             return model
+        if all_gather:
+            self._check_all_gather(model)
         chosen = set(fp8_candidates(model, self.precision, keep_fp32=self.keep_fp32, fp8_filter=self.fp8_filter))
+        modules = dict(model.named_modules())
+        sharded = sorted(n for n in chosen if any(hasattr(p, "to_local") for p in modules[n].parameters()))
+        if sharded:
+            # torchao's layers would then meet DTensor weights with plain activations and fail in the
+            # first forward ("aten.mm.default got mixed torch.Tensor and DTensor").
+            raise RuntimeError(
+                f"precision={self.precision.name!r}: the Linear layers {sharded[:4]} are already sharded (FSDP2), "
+                "and fp8 conversion must come before fully_shard. Shard with ampkit.distributed.shard(model, mp), "
+                "which converts first, and pass its result to mp.prepare"
+            )
         if chosen:
             config = self.torchao_config(all_gather=all_gather)
             model = _import_float8().convert_to_float8_training(
@@ -249,6 +257,22 @@ class Fp8Converter:
                 UserWarning, stacklevel=_user_stacklevel(),
             )
         return model
+
+    def _check_all_gather(self, model: nn.Module) -> None:
+        if self.precision.fp8_recipe != "tensorwise":
+            raise ValueError(
+                f"fp8_all_gather=True with precision={self.precision.name!r}: torchao all-gathers fp8 weights only "
+                "with tensorwise scaling (one scale per weight, precomputed after each step). Use precision='fp8' "
+                "with fp8_all_gather=True, or keep fp8-rowwise and drop fp8_all_gather"
+            )
+        without = [n for n, m in model.named_modules()
+                   if is_float8_linear(m) and not m.config.enable_fsdp_float8_all_gather]
+        if without:
+            raise ValueError(
+                f"fp8_all_gather=True, but the layers {without[:4]} were converted to fp8 without it (mp.prepare ran "
+                "before shard); build the model, call ampkit.distributed.shard(model, mp, fp8_all_gather=True), "
+                "then mp.prepare(model)"
+            )
 
     def __repr__(self) -> str:
         return f"Fp8Converter({self.precision.name!r}, layers={len(self.layers)})"
