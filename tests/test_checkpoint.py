@@ -98,12 +98,25 @@ def _run(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_checkpoint_resume_after_sigkill_is_bit_identical(tmp_path) -> None:
+    _check_resume_after_sigkill(tmp_path, "fp16")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:precision='fp8.*no fp8 GEMM:UserWarning")
+@pytest.mark.parametrize("precision", ["fp8", "fp8-rowwise"])
+def test_checkpoint_fp8_resume_after_sigkill_is_bit_identical(tmp_path, precision: str) -> None:
+    pytest.importorskip("torchao")
+    _check_resume_after_sigkill(tmp_path, precision)
+    assert torch.load(tmp_path / "resumed.pt", weights_only=True)["engine"]["precision"] == precision
+
+
+def _check_resume_after_sigkill(tmp_path: Path, precision: str) -> None:
     total = 24
-    _run("--steps", str(total), "--out", str(tmp_path / "reference.pt"))
+    _run("--steps", str(total), "--out", str(tmp_path / "reference.pt"), "--precision", precision)
 
     ckpt = tmp_path / "run.pt"
     proc = subprocess.Popen([sys.executable, str(WORKER), "--steps", str(total // 2), "--out",
-                             str(tmp_path / "partial.pt"), "--ckpt", str(ckpt), "--hang"],
+                             str(tmp_path / "partial.pt"), "--ckpt", str(ckpt), "--hang", "--precision", precision],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not ckpt.exists():
@@ -115,7 +128,8 @@ def test_checkpoint_resume_after_sigkill_is_bit_identical(tmp_path) -> None:
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
 
-    _run("--steps", str(total), "--out", str(tmp_path / "resumed.pt"), "--ckpt", str(ckpt), "--resume")
+    _run("--steps", str(total), "--out", str(tmp_path / "resumed.pt"), "--ckpt", str(ckpt), "--resume",
+         "--precision", precision)
     ref = torch.load(tmp_path / "reference.pt", weights_only=True)
     res = torch.load(tmp_path / "resumed.pt", weights_only=True)
     for name, tensor in ref["model"].items():

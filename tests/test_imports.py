@@ -65,3 +65,21 @@ def test_imports_engine_without_keep_fp32_does_not_import_dynamo() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_imports_non_fp8_engine_verify_and_doctor_never_import_torchao() -> None:
+    # torchao takes about 2 s to import and logs on a CPU-only torch; only the fp8 path may load it.
+    code = (
+        "import importlib, pkgutil, sys, torch\nimport ampkit\n"
+        "for p in ('bf16', 'fp16', 'fp32'):\n"
+        "    ampkit.MixedPrecision(p, device='cpu').prepare(torch.nn.Sequential(torch.nn.Linear(32, 32)))\n"
+        "import ampkit.cli.main, ampkit.diagnose, ampkit.verify\n"
+        "for pkg in (ampkit.verify, ampkit.diagnose, ampkit.cli):\n"
+        "    for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(info.name)\n"
+        "assert 'torchao' not in sys.modules, 'a non-fp8 path imported torchao'\n"
+        "ampkit.MixedPrecision('fp8', device='cpu')\n"
+        "assert 'torchao' not in sys.modules, 'building an fp8 engine imports torchao before prepare'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

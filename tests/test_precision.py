@@ -27,7 +27,7 @@ def test_precision_dtypes_and_scaling_flags() -> None:
 
 def test_precision_bad_name_lists_accepted_names() -> None:
     with pytest.raises(ValueError, match="accepted names") as info:
-        Precision.parse("fp8", device="cpu")
+        Precision.parse("fp4", device="cpu")
     for alias in PRECISION_ALIASES:
         assert repr(alias) in str(info.value)
 

@@ -21,6 +21,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from ampkit.fp8 import Fp8Filter, check_fp8_filter, describe_fp8_filter
 from ampkit.policy import KeepFp32Rule
 from ampkit.precision import Precision
 
@@ -41,6 +42,10 @@ class EngineConfig:
     """Module name patterns or ``nn.Module`` types that run in fp32 (applied by ``prepare``)."""
     skip_nonfinite: bool = True
     """Skip steps whose gradients or loss hold inf/NaN even without loss scaling."""
+    fp8_filter: Fp8Filter = ()
+    """fp8 only: which ``nn.Linear`` layers ``prepare`` converts beyond the default (those with in/out
+    features multiples of 16, outside ``keep_fp32``): name patterns / types to keep out, a
+    ``(module, fqn) -> bool`` callable, or ``"auto"`` (``ampkit.fp8.check_fp8_filter``)."""
 
     def __post_init__(self) -> None:
         ga = self.grad_accumulation
@@ -58,6 +63,13 @@ class EngineConfig:
         if clip is not None and not clip > 0:
             raise ValueError(f"MixedPrecision(clip_grad_norm={clip!r}): must be > 0, or None to not clip")
         object.__setattr__(self, "keep_fp32", tuple(self.keep_fp32))
+        object.__setattr__(self, "fp8_filter", check_fp8_filter(self.fp8_filter))
+        if self.fp8_filter != () and not self.precision.is_fp8:
+            raise ValueError(
+                f"MixedPrecision({self.precision.name!r}, fp8_filter=...): fp8_filter chooses the Linear layers "
+                "that fp8 converts and has no effect on other precisions; pass precision='fp8' or 'fp8-rowwise', "
+                "or drop fp8_filter"
+            )
 
     @property
     def keep_fp32_names(self) -> list[str]:
@@ -73,4 +85,6 @@ class EngineConfig:
             "clip_grad_norm": self.clip_grad_norm,
             "skip_nonfinite": self.skip_nonfinite,
             "keep_fp32": self.keep_fp32_names,
+            # Only fp8 engines carry the key, so other engines describe themselves as before.
+            **({"fp8_filter": describe_fp8_filter(check_fp8_filter(self.fp8_filter))} if self.precision.is_fp8 else {}),
         }

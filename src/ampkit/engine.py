@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from ampkit._guards import check_amp_step, check_eps, check_param
 from ampkit._state import EngineState, check_engine_state
 from ampkit._util.nested import flatten_tensors
 from ampkit.config import EngineConfig
+from ampkit.fp8 import Fp8Converter, Fp8Filter
 from ampkit.policy import Fp32Policy, KeepFp32Rule
 from ampkit.precision import Precision
 from ampkit.scaler import LossScaler, resolve_scaler
@@ -52,7 +53,7 @@ class Engine:
     """Mixed-precision training engine; extensions attach as ``EngineHook`` objects.
 
     Args:
-        precision: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"auto"`` or an alias (see ``Precision``).
+        precision: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ``"fp8-rowwise"``, ``"auto"`` or an alias.
         device: the device autocast runs on (``"auto"``: cuda, xpu, mps, then cpu).
         scaler: a ``LossScaler``, or ``"dynamic"``, ``"static"``, ``"none"``; default dynamic for
             fp16 and none for bf16/fp32.
@@ -60,10 +61,11 @@ class Engine:
         clip_grad_norm: max global L2 norm of the unscaled gradients, or None.
         keep_fp32: module name patterns or types to run in fp32 (applied by ``prepare``).
         skip_nonfinite: skip steps whose gradients hold inf/NaN even without loss scaling.
+        fp8_filter: fp8 only, the Linear layers ``prepare`` converts (``ampkit.fp8``; docs/fp8.md).
         hooks: ``EngineHook`` objects, attached in order with ``add_hook``.
 
-    The configuration lives in ``config`` (an ``EngineConfig``); ``precision``,
-    ``grad_accumulation``, ``clip_grad_norm`` and ``skip_nonfinite`` read from it.
+    The configuration lives in ``config`` (an ``EngineConfig``); ``precision``, ``grad_accumulation``,
+    ``clip_grad_norm`` and ``skip_nonfinite`` read from it.  ``fp8`` converts models in ``prepare``.
 
     Example (the loop from the README, with a tiny model)::
 
@@ -91,11 +93,14 @@ class Engine:
         keep_fp32: Sequence[KeepFp32Rule] = (),
         skip_nonfinite: bool = True,
         hooks: Sequence[_hooks.EngineHook] = (),
+        fp8_filter: Fp8Filter = None,
     ) -> None:
         self.config = EngineConfig(
             precision=Precision.parse(precision, device), grad_accumulation=grad_accumulation,
             clip_grad_norm=clip_grad_norm, keep_fp32=tuple(keep_fp32), skip_nonfinite=skip_nonfinite,
+            fp8_filter=fp8_filter,
         )
+        self.fp8 = Fp8Converter(self.precision, keep_fp32=self.config.keep_fp32, fp8_filter=self.config.fp8_filter)
         self.device = self.precision.device
         self.scaler = resolve_scaler(scaler, self.precision).to(self.device)
         self.policy = Fp32Policy(self.config.keep_fp32, self.device.type)
@@ -199,9 +204,10 @@ class Engine:
         )
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        """Check ``model`` against the engine and apply the keep-fp32 policy; returns ``model``."""
+        """Check ``model``, convert it for fp8, apply keep-fp32; returns the model to train (fp8: maybe a new one)."""
         for name, p in model.named_parameters():
             check_param(p, where=f"parameter {name!r}", device=self.device, scaled=self.scaler.enabled)
+        model = self.fp8.convert(model)
         self.policy.apply(model)
         if all(m is not model for m in self.models):
             self.models.append(model)
@@ -407,16 +413,10 @@ class Engine:
 
 def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
     if isinstance(optimizers, torch.optim.Optimizer):
-        opts = [optimizers]
-    else:
-        try:
-            opts = list(optimizers)
-        except TypeError:
-            opts = []
+        return [optimizers]
+    opts = list(optimizers) if isinstance(optimizers, Iterable) else []
     if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
-        raise TypeError(
-            f"mp.step() takes a torch.optim.Optimizer or a list of them, got {optimizers!r}"
-        )
+        raise TypeError(f"mp.step() takes a torch.optim.Optimizer or a list of them, got {optimizers!r}")
     return opts
 
 

@@ -100,41 +100,42 @@ def release_fp32(module: nn.Module) -> None:
     delattr(module, _ATTR)
 
 
-def resolve_keep_fp32(model: nn.Module, rules: Sequence[KeepFp32Rule]) -> list[str]:
+def resolve_keep_fp32(model: nn.Module, rules: Sequence[KeepFp32Rule], *, what: str = "keep_fp32") -> list[str]:
     """Return the dotted names of ``model``'s modules matched by ``rules``, in model order.
 
     A rule that matches nothing is almost always a typo, so it raises ``ValueError`` naming the
-    closest module names.
+    closest module names; ``what`` names the argument the rules came from (``fp8_filter`` reuses
+    this matcher).
     """
     named = list(model.named_modules())
     chosen: list[str] = []
     for rule in rules:
-        hits = [name for name, mod in named if _matches(rule, name, mod)]
+        hits = [name for name, mod in named if _matches(rule, name, mod, what)]
         if not hits:
-            raise ValueError(_no_match_message(rule, [n for n, _ in named if n]))
+            raise ValueError(_no_match_message(rule, [n for n, _ in named if n], what))
         chosen.extend(h for h in hits if h not in chosen)
     order = {name: i for i, (name, _) in enumerate(named)}
     return sorted(chosen, key=order.__getitem__)
 
 
-def _matches(rule: KeepFp32Rule, name: str, module: nn.Module) -> bool:
+def _matches(rule: KeepFp32Rule, name: str, module: nn.Module, what: str = "keep_fp32") -> bool:
     if isinstance(rule, str):
         return fnmatch.fnmatchcase(name, rule)
     if isinstance(rule, type) and issubclass(rule, nn.Module):
         return isinstance(module, rule)
     raise TypeError(
-        f"keep_fp32 rule {rule!r} is neither a name pattern (str, e.g. 'lm_head' or '*.norm') "
+        f"{what} rule {rule!r} is neither a name pattern (str, e.g. 'lm_head' or '*.norm') "
         "nor an nn.Module subclass (e.g. nn.LayerNorm)"
     )
 
 
-def _no_match_message(rule: KeepFp32Rule, names: Iterable[str]) -> str:
+def _no_match_message(rule: KeepFp32Rule, names: Iterable[str], what: str = "keep_fp32") -> str:
     names = list(names)
     if isinstance(rule, str):
         close = difflib.get_close_matches(rule, names, n=5, cutoff=0.4)
         hint = f"closest module names: {close}" if close else f"module names look like: {names[:6]}"
-        return f"keep_fp32 pattern {rule!r} matches no module of the model; {hint}"
-    return f"keep_fp32 type {rule.__name__} matches no module of the model"
+        return f"{what} pattern {rule!r} matches no module of the model; {hint}"
+    return f"{what} type {rule.__name__} matches no module of the model"
 
 
 class Fp32Policy:

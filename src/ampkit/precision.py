@@ -3,6 +3,12 @@
 ``Precision.parse("bf16-mixed", device="cuda")`` turns the names users already know from
 Lightning and Accelerate into one explicit object: the autocast dtype, whether loss scaling is
 needed, and the device it was checked against.
+
+The fp8 precisions (``"fp8"`` = ``"fp8-tensorwise"``, torchao's default recipe, and
+``"fp8-rowwise"``) run torchao's float8 Linear layers inside bf16 autocast: their autocast dtype
+is bf16, they need no loss scaling (torchao scales each tensor itself), and ``fp8_recipe`` names
+the torchao recipe.  Parsing them never imports torchao (``ampkit.fp8`` does, when a model is
+converted).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from ampkit._util.isa import BF16_LEVEL, FP16_LEVEL, kernels_allow
 
 __all__ = [
     "DEVICE_TYPES",
+    "FP8_RECIPES",
     "LOW_PRECISION_DTYPES",
     "PRECISION_ALIASES",
     "Precision",
@@ -45,12 +52,22 @@ PRECISION_ALIASES: dict[str, str] = {
     "fp16": "fp16",
     "16": "fp16",
     "16-mixed": "fp16",
+    # Accelerate spells it mixed_precision="fp8"; Lightning's fp8 precisions are Transformer
+    # Engine's ("transformer-engine"), another library with other numerics, so not aliased here.
+    "fp8": "fp8",
+    "fp8-tensorwise": "fp8",
+    "fp8-rowwise": "fp8-rowwise",
     "auto": "auto",
 }
 
+FP8_RECIPES: dict[str, str] = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}
+"""Canonical fp8 precision name -> the torchao recipe name (``Float8LinearConfig.from_recipe_name``)."""
+
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8 computes its converted Linear layers in fp8 and everything else under bf16 autocast.
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+           "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16}
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -143,10 +160,13 @@ class Precision:
     ('fp16', torch.float16, True)
     >>> Precision.parse("bf16", device="cpu").autocast_enabled
     True
+    >>> p = Precision.parse("fp8-tensorwise", device="cpu")
+    >>> p.name, p.dtype, p.needs_loss_scaling, p.fp8_recipe
+    ('fp8', torch.bfloat16, False, 'tensorwise')
     """
 
     name: str
-    """Canonical name: ``"fp32"``, ``"bf16"`` or ``"fp16"``."""
+    """Canonical name: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"`` or ``"fp8-rowwise"``."""
     device: torch.device
     """The device the precision was checked against."""
 
@@ -168,6 +188,16 @@ class Precision:
     @property
     def is_low_precision(self) -> bool:
         return self.name != "fp32"
+
+    @property
+    def is_fp8(self) -> bool:
+        """Whether ``prepare`` converts Linear layers to torchao's float8 training layers."""
+        return self.name in FP8_RECIPES
+
+    @property
+    def fp8_recipe(self) -> str | None:
+        """torchao's recipe name (``"tensorwise"`` or ``"rowwise"``) for fp8, else None."""
+        return FP8_RECIPES.get(self.name)
 
     @classmethod
     def parse(cls, spec: str | Precision, device: str | torch.device | None = "auto") -> Precision:
@@ -195,9 +225,14 @@ class Precision:
 
     @staticmethod
     def _check(name: str, dev: torch.device) -> None:
-        if name == "bf16" and not _bf16_supported(dev):
+        if name in FP8_RECIPES and dev.type not in ("cpu", "cuda"):
             raise PrecisionError(
-                f"bf16 was requested on {dev} ({_device_name(dev)}), which does not support bf16; "
+                f"{name} was requested on {dev}: torchao's float8 training runs on cuda (fp8 GEMMs from "
+                "compute capability 8.9) and on cpu (slow); use device='cuda' or 'cpu', or precision='bf16'"
+            )
+        if (name == "bf16" or name in FP8_RECIPES) and not _bf16_supported(dev):
+            raise PrecisionError(
+                f"{name} was requested on {dev} ({_device_name(dev)}), which does not support bf16; "
                 "use precision='fp16' (with loss scaling, the default) or 'fp32'"
             )
         if name == "fp16" and dev.type == "mps" and not torch.backends.mps.is_available():

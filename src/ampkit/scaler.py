@@ -434,6 +434,13 @@ def resolve_scaler(scaler: LossScaler | str | None, precision: Precision) -> Los
             f"scaler={scaler!r} is not an ampkit LossScaler; pass ampkit.DynamicLossScaler(...) "
             "(a torch.amp.GradScaler's state can be loaded into one with load_state_dict)"
         )
+    if scaler.enabled and precision.is_fp8:
+        raise ValueError(
+            f"scaler={type(scaler).__name__}(...) with precision={precision.name!r}: fp8 training takes no "
+            "loss scaler. torchao scales every fp8 tensor itself (one scale per tensor or row, recomputed "
+            "each step), and the rest of the model runs under bf16 autocast with fp32 master weights and "
+            "gradients, which do not underflow the way fp16's do. Drop scaler=... (or pass scaler='none')."
+        )
     if scaler.enabled and precision.name == "bf16":
         _warn_scaler_with_bf16()
     return scaler

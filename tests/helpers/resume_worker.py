@@ -1,10 +1,12 @@
 """Training process for the kill -9 resume test.
 
-    python resume_worker.py --steps N --out params.pt [--ckpt PATH] [--resume] [--hang]
+    python resume_worker.py --steps N --out params.pt [--ckpt PATH] [--resume] [--hang] [--precision P]
 
 Trains a small fp16 model with dropout (RNG), gradient accumulation (mid-window saves) and a
 fast-growing dynamic loss scale (scaler state), saving a checkpoint after every micro-batch when
 --ckpt is given.  With --hang it keeps running after the last step so the test can SIGKILL it.
+With --precision fp8 (or fp8-rowwise) the model is wider (dims multiples of 16, so its Linear
+layers convert) and has no loss scaler.
 """
 
 from __future__ import annotations
@@ -21,18 +23,21 @@ from torch.nn import functional as F
 import ampkit
 
 
-def build():
+def dims(precision: str) -> tuple[int, int, int]:
+    return (32, 64, 16) if precision.startswith("fp8") else (8, 16, 4)
+
+
+def build(precision: str):
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.GELU(), nn.Linear(16, 4))
+    d_in, d_hidden, d_out = dims(precision)
+    model = nn.Sequential(nn.Linear(d_in, d_hidden), nn.Dropout(0.2), nn.GELU(), nn.Linear(d_hidden, d_out))
+    scaler = ampkit.DynamicLossScaler(init_scale=2.0**10, growth_interval=3) if precision == "fp16" else None
+    mp = ampkit.MixedPrecision(precision, device="cpu", grad_accumulation=2, clip_grad_norm=1.0, scaler=scaler)
+    model = mp.prepare(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
-    mp = ampkit.MixedPrecision(
-        "fp16", device="cpu", grad_accumulation=2, clip_grad_norm=1.0,
-        scaler=ampkit.DynamicLossScaler(init_scale=2.0**10, growth_interval=3),
-    )
-    mp.prepare(model)
     return model, opt, sched, mp
 
 
@@ -43,16 +48,18 @@ def main() -> None:
     ap.add_argument("--ckpt")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--hang", action="store_true")
+    ap.add_argument("--precision", default="fp16")
     args = ap.parse_args()
-    model, opt, sched, mp = build()
+    model, opt, sched, mp = build(args.precision)
+    d_in, _, d_out = dims(args.precision)
     start = 0
     if args.resume:
         extra = ampkit.load_checkpoint(args.ckpt, model=model, optimizer=opt, engine=mp, scheduler=sched)
         start = int(extra["micro_batches_done"])
     for i in range(start, args.steps):
         # Data from the global RNGs, so a resumed run only matches if they were restored.
-        x = torch.randn(4, 8) + float(np.random.rand()) + random.random()
-        y = torch.randint(0, 4, (4,))
+        x = torch.randn(4, d_in) + float(np.random.rand()) + random.random()
+        y = torch.randint(0, d_out, (4,))
         with mp.autocast():
             loss = F.cross_entropy(model(x), y)
         mp.backward(loss)

@@ -23,6 +23,14 @@ How it combines with ``mp.autocast()`` -- use both:
 * With fp16, loss scaling still runs in the engine: gradients are unscaled after the
   reduce-scatter, on each rank's fp32 shard, and ``ampkit.distributed.setup`` all-reduces
   ``found_inf`` so that every rank skips together.
+* With fp8 (``"fp8"``, ``"fp8-rowwise"``), ``shard`` converts the Linear layers to torchao's
+  float8 layers *before* ``fully_shard`` (converting a sharded model fails in the first forward),
+  with the engine's ``keep_fp32`` and ``fp8_filter``; ``mp.prepare(model)`` afterwards converts
+  nothing more.  ``fp8_all_gather=True`` (tensorwise only) all-gathers the converted weights in
+  fp8 instead of bf16, and attaches a hook that calls torchao's
+  ``precompute_float8_dynamic_scale_for_fsdp`` after every optimizer step (one all-reduce of
+  the weight scales).  It wraps the weights in new parameters, so the optimizer must be built
+  after ``shard``; the hook checks that on the first step.
 """
 
 from __future__ import annotations
@@ -33,10 +41,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from ampkit.distributed._comm import require_process_group
 from ampkit.distributed._setup import check_consistent
 from ampkit.engine import Engine
+from ampkit.fp8 import Fp8Converter
+from ampkit.hooks import EngineHook, StepResult
 from ampkit.policy import KeepFp32Rule, resolve_keep_fp32
 from ampkit.precision import Precision
 
@@ -112,6 +123,7 @@ def shard(
     reshard_after_forward: bool | int | None = None,
     output_dtype: torch.dtype | None = None,
     check: bool = True,
+    fp8_all_gather: bool = False,
 ) -> nn.Module:
     """Apply FSDP2 ``fully_shard`` per block, per keep-fp32 module and to the root; returns ``model``.
 
@@ -128,8 +140,10 @@ def shard(
         output_dtype: cast the root's floating-point outputs to this dtype (None: no cast).
         check: all-gather the precision and the parameter layout first, and raise
             ``DistributedSetupError`` on every rank if they differ (a host sync).
+        fp8_all_gather: fp8 (tensorwise) only: all-gather the fp8 layers' weights in fp8; needs
+            the engine as ``precision`` (its hook precomputes the weight scales after each step).
 
-    See the module docstring for how this combines with ``mp.autocast()``.
+    See the module docstring for ``mp.autocast()`` and fp8; train the returned model (fp8 may build a new one).
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -137,6 +151,8 @@ def shard(
     prec = _as_precision(precision, model)
     if keep_fp32 is None:
         keep_fp32 = precision.policy.rules if isinstance(precision, Engine) else ()
+    if prec.is_fp8 or fp8_all_gather:
+        model = _convert_fp8(model, precision, prec, keep_fp32, fp8_all_gather)
     kept_names = resolve_keep_fp32(model, keep_fp32) if keep_fp32 else []
     units = _units(model, prec, blocks, kept_names)
     if check:
@@ -157,6 +173,63 @@ def shard(
     root_policy = mixed_precision_policy(prec, output_dtype=output_dtype)
     fully_shard(model, mp_policy=root_policy, **kwargs)
     return model
+
+
+def _convert_fp8(model: nn.Module, precision: str | Precision | Engine, prec: Precision,
+                 keep_fp32: Sequence[KeepFp32Rule], all_gather: bool) -> nn.Module:
+    """fp8 conversion before ``fully_shard``: with the engine's converter (its filter) when given one."""
+    if not prec.is_fp8:
+        raise ValueError(f"shard(fp8_all_gather=True) with precision {prec.name!r}: the fp8 all-gather is for "
+                         "precision='fp8'; drop fp8_all_gather")
+    if all_gather and not isinstance(precision, Engine):
+        raise ValueError(
+            "shard(model, precision, fp8_all_gather=True) needs the engine as precision (shard(model, mp, ...)): "
+            "its hook recomputes the fp8 weight scales after each optimizer step"
+        )
+    converter = precision.fp8 if isinstance(precision, Engine) else Fp8Converter(prec, keep_fp32=keep_fp32)
+    before = {id(p) for p in model.parameters()}
+    model = converter.convert(model, all_gather=all_gather)
+    if all_gather and isinstance(precision, Engine):  # always an engine here (checked above)
+        precision.add_hook(_Fp8AllGatherHook(model, before))
+    return model
+
+
+class _Fp8AllGatherHook(EngineHook):
+    """torchao's fp8 all-gather bookkeeping: the weight scales after each step, the optimizer check.
+
+    ``precompute_float8_dynamic_scale_for_fsdp`` computes every fp8 weight's scale with one
+    all-reduce (of the amaxes) right after the optimizer step, so the next forward's all-gather
+    casts each shard with the global scale.  It runs after skipped steps too (the weights did not
+    move, the scales come out the same); reading whether the step applied would be a host sync.
+    """
+
+    def __init__(self, model: nn.Module, unsharded_ids: set[int]) -> None:
+        self.model = model
+        # Ids, not the tensors: holding the unsharded parameters would keep a full copy alive.
+        self._stale = unsharded_ids
+        self._checked: set[int] = set()
+
+    @override
+    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        for opt in optimizers:
+            if id(opt) in self._checked:
+                continue
+            current = {id(p) for p in self.model.parameters()}
+            stale = sum(id(p) in self._stale and id(p) not in current for g in opt.param_groups for p in g["params"])
+            if stale:
+                raise RuntimeError(
+                    f"{type(opt).__name__} holds {stale} parameters the model no longer has: it was built before "
+                    "ampkit.distributed.shard(model, mp, fp8_all_gather=True), which replaces them (FSDP2 shards "
+                    "them, the fp8 all-gather wraps the weights), so its step would update nothing. Build the "
+                    "optimizer after shard(...): opt = torch.optim.AdamW(model.parameters(), ...)"
+                )
+            self._checked.add(id(opt))
+
+    @override
+    def after_step(self, engine: Engine, result: StepResult, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(self.model)
 
 
 def _units(model: nn.Module, prec: Precision, blocks: BlockSpec, kept_names: list[str]) -> list[tuple[str, nn.Module, Any]]:
