@@ -423,24 +423,20 @@ def resolve_scaler(scaler: LossScaler | str | None, precision: Precision) -> Los
     if scaler is None:
         return DynamicLossScaler() if precision.needs_loss_scaling else NoLossScaler()
     if isinstance(scaler, str):
-        choices: dict[str, type[LossScaler]] = {
-            "dynamic": DynamicLossScaler, "static": StaticLossScaler, "none": NoLossScaler,
-        }
+        choices: dict[str, type[LossScaler]] = {"dynamic": DynamicLossScaler, "static": StaticLossScaler,
+                                                  "none": NoLossScaler}
         if scaler not in choices:
             raise ValueError(f"scaler={scaler!r}: use one of {sorted(choices)} or a LossScaler instance")
         scaler = choices[scaler]()
     if not isinstance(scaler, LossScaler):
-        raise TypeError(
-            f"scaler={scaler!r} is not an ampkit LossScaler; pass ampkit.DynamicLossScaler(...) "
-            "(a torch.amp.GradScaler's state can be loaded into one with load_state_dict)"
-        )
+        raise TypeError(f"scaler={scaler!r} is not an ampkit LossScaler; pass ampkit.DynamicLossScaler(...) "
+                        "(a torch.amp.GradScaler's state can be loaded into one with load_state_dict)")
     if scaler.enabled and precision.is_fp8:
-        raise ValueError(
-            f"scaler={type(scaler).__name__}(...) with precision={precision.name!r}: fp8 training takes no "
-            "loss scaler. torchao scales every fp8 tensor itself (one scale per tensor or row, recomputed "
-            "each step), and the rest of the model runs under bf16 autocast with fp32 master weights and "
-            "gradients, which do not underflow the way fp16's do. Drop scaler=... (or pass scaler='none')."
-        )
+        raise ValueError(f"scaler={type(scaler).__name__}(...) with precision={precision.name!r}: fp8 training takes "
+                         "no loss scaler. torchao scales every fp8 tensor itself (one scale per tensor or row, "
+                         "recomputed each step), and the rest of the model runs under bf16 autocast with fp32 master "
+                         "weights and gradients, which do not underflow the way fp16's do. Drop scaler=... (or pass "
+                         "scaler='none').")
     if scaler.enabled and precision.name == "bf16":
         _warn_scaler_with_bf16()
     return scaler
@@ -450,7 +446,4 @@ def _warn_scaler_with_bf16() -> None:
     warnings.warn(
         "loss scaling was requested with bf16: bf16 has fp32's exponent range, so gradients do not "
         "underflow the way fp16's do and scaling only adds work (ampkit finding SCALER_WITH_BF16). "
-        "Drop scaler=... for bf16, or use precision='fp16' if you need fp16.",
-        UserWarning,
-        stacklevel=3,
-    )
+        "Drop scaler=... for bf16, or use precision='fp16' if you need fp16.", UserWarning, stacklevel=3)
