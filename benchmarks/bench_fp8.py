@@ -19,6 +19,7 @@ import time
 import warnings
 
 import torch
+from bench_engine import engine_step
 from torch.nn import functional as F
 
 import ampkit
@@ -37,13 +38,6 @@ def recipe_step(model, opt, x, y, clip):
     torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-
-
-def engine_step(model, opt, mp, x, y):
-    with mp.autocast():
-        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-    mp.backward(loss)
-    mp.step(opt)
 
 
 def bench(precision: str, steps: int, warmup: int) -> tuple[list[float], list[float], int]:
