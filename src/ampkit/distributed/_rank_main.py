@@ -23,10 +23,16 @@ interpreter shutdown:
   written exit code 0 could still die with SIGABRT (``terminate called without an active
   exception``) and fail the launch.  Imported first, the defaults are ``None``.
 * A process group the module left initialized is destroyed after it returns.
+* After the ``.exit`` file is written, the rank runs its ``atexit`` handlers, flushes, and ends
+  with ``os._exit``: objects that still hold the group (FSDP2's device meshes, kept in torch's
+  module-level registry) would otherwise tear gloo down inside ``Py_Finalize``, where it can
+  abort a rank that finished (seen with FSDP2 and torchao's fp8 layers).  What is skipped is only
+  the interpreter's own teardown of modules and C++ globals.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import sys
@@ -117,5 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _exit_now(code: int) -> None:
+    atexit._run_exitfuncs()  # the module's own exit work (sinks, temp files) still runs
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())
