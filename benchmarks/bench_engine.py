@@ -13,6 +13,7 @@ import argparse
 import copy
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F
@@ -47,6 +48,23 @@ def engine_step(model, opt, mp, x, y):
     mp.step(opt)
 
 
+def interleaved_times(arms: dict[str, Callable[[int], object]], steps: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds of every arm's step ``i`` (the arm is called with ``i``), after ``warmup`` untimed steps.
+
+    The arms alternate which goes first, so neither always runs on a warmer cache.
+    """
+    names = list(arms)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(steps + warmup):
+        for name in names if i % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            arms[name](i)
+            elapsed = time.perf_counter() - start
+            if i >= warmup:
+                times[name].append(elapsed)
+    return times
+
+
 def bench(precision: str, steps: int, warmup: int) -> tuple[float, float, float]:
     cfg, batch = SHAPES[precision]
     torch.manual_seed(0)
@@ -59,20 +77,11 @@ def bench(precision: str, steps: int, warmup: int) -> tuple[float, float, float]
     mp = ampkit.MixedPrecision(precision, device="cpu", clip_grad_norm=1.0)
     mp.prepare(m_engine)
     data = torch.randint(0, cfg.vocab_size, (steps + warmup, batch, cfg.block_size + 1))
-    t_recipe, t_engine = [], []
-    for i in range(steps + warmup):
-        x, y = data[i, :, :-1], data[i, :, 1:]
-        # Alternate which loop goes first so neither always runs on a warmer cache.
-        order = ("engine", "recipe") if i % 2 == 0 else ("recipe", "engine")
-        for which in order:
-            start = time.perf_counter()
-            if which == "engine":
-                engine_step(m_engine, opt_e, mp, x, y)
-            else:
-                recipe_step(m_recipe, opt_r, scaler, dtype, x, y, 1.0)
-            elapsed = time.perf_counter() - start
-            if i >= warmup:
-                (t_engine if which == "engine" else t_recipe).append(elapsed)
+    times = interleaved_times({
+        "engine": lambda i: engine_step(m_engine, opt_e, mp, data[i, :, :-1], data[i, :, 1:]),
+        "recipe": lambda i: recipe_step(m_recipe, opt_r, scaler, dtype, data[i, :, :-1], data[i, :, 1:], 1.0),
+    }, steps, warmup)
+    t_engine, t_recipe = times["engine"], times["recipe"]
     med_e, med_r = statistics.median(t_engine), statistics.median(t_recipe)
     return med_e, med_r, med_e / med_r
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 import warnings
 
 import torch
-from bench_engine import engine_step
+from bench_engine import engine_step, interleaved_times
 from torch.nn import functional as F
 
 import ampkit
@@ -54,21 +53,11 @@ def bench(precision: str, steps: int, warmup: int) -> tuple[list[float], list[fl
     opt_r = torch.optim.AdamW(m_recipe.parameters(), lr=1e-4, fused=True)
     opt_e = torch.optim.AdamW(m_engine.parameters(), lr=1e-4, fused=True)
     data = torch.randint(0, CONFIG.vocab_size, (steps + warmup, BATCH, CONFIG.block_size + 1))
-    t_recipe: list[float] = []
-    t_engine: list[float] = []
-    for i in range(steps + warmup):
-        x, y = data[i, :, :-1], data[i, :, 1:]
-        # Alternate which loop goes first so neither always runs on a warmer cache.
-        order = ("engine", "recipe") if i % 2 == 0 else ("recipe", "engine")
-        for which in order:
-            start = time.perf_counter()
-            if which == "engine":
-                engine_step(m_engine, opt_e, mp, x, y)
-            else:
-                recipe_step(m_recipe, opt_r, x, y, 1.0)
-            elapsed = time.perf_counter() - start
-            if i >= warmup:
-                (t_engine if which == "engine" else t_recipe).append(elapsed)
+    times = interleaved_times({
+        "engine": lambda i: engine_step(m_engine, opt_e, mp, data[i, :, :-1], data[i, :, 1:]),
+        "recipe": lambda i: recipe_step(m_recipe, opt_r, data[i, :, :-1], data[i, :, 1:], 1.0),
+    }, steps, warmup)
+    t_engine, t_recipe = times["engine"], times["recipe"]
     return t_engine, t_recipe, len(mp.fp8.layers)
 
 
