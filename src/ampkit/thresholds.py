@@ -32,14 +32,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ampkit.findings import Finding
 
 __all__ = ["THRESHOLDS", "Outcome", "Threshold", "as_borderline", "is_borderline"]
 
 Outcome = Literal["reported", "borderline", "clear"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +77,19 @@ class Threshold:
         if past > self.band:
             return "reported"
         return "borderline" if past >= -self.band else "clear"
+
+    def pick(self, rows: Sequence[T], value: Callable[[T], float]) -> tuple[list[T], bool]:
+        """The rows the rule reports, or, when none is, its borderline rows (flag True); order kept.
+
+        >>> THRESHOLDS["PRECISION_LOSS"].pick([("a", 30.0), ("b", 19.0), ("c", 4.0)], lambda r: r[1])
+        ([('c', 4.0)], False)
+        >>> THRESHOLDS["PRECISION_LOSS"].pick([("a", 30.0), ("b", 19.0)], lambda r: r[1])
+        ([('b', 19.0)], True)
+        """
+        reported = [r for r in rows if self.judge(value(r)) == "reported"]
+        if reported:
+            return reported, False
+        return [r for r in rows if self.judge(value(r)) == "borderline"], True
 
     def at(self, threshold: float) -> Threshold:
         """The same rule at a caller's threshold (``diagnose_step(sqnr_threshold_db=...)``), same margin."""

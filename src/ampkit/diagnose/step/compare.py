@@ -155,20 +155,12 @@ def compare_grads(
     return out
 
 
-def _below(sqnr: dict[str, float], rule: Threshold, order: list[str] | None = None,
-           outcome: str = "reported") -> list[tuple[str, float]]:
-    """Modules whose SQNR the rule judges ``outcome`` (in ``order``, else worst first)."""
-    names = order if order is not None else sorted(sqnr, key=lambda n: sqnr[n])
-    return [(n, sqnr[n]) for n in names if n in sqnr and rule.judge(sqnr[n]) == outcome]
-
-
 def _first_judged(sqnr: dict[str, float], rule: Threshold,
                   order: list[str] | None = None) -> tuple[list[tuple[str, float]], bool]:
-    """The modules reported under ``rule``, or failing any, the borderline ones (flag True)."""
-    reported = _below(sqnr, rule, order)
-    if reported:
-        return reported, False
-    return _below(sqnr, rule, order, outcome="borderline"), True
+    """(module, SQNR) reported under ``rule`` (in ``order``, else worst first), or failing any, the
+    borderline ones (flag True)."""
+    names = order if order is not None else sorted(sqnr, key=lambda n: sqnr[n])
+    return rule.pick([(n, sqnr[n]) for n in names if n in sqnr], lambda row: row[1])
 
 
 def precision_findings(
@@ -237,10 +229,7 @@ def underflow_finding(grads: GradComparison, *, threshold: float, precision: str
     non-zero in fp32 and exactly zero here (judged unscaled), wherever it sits in the model."""
     rule = THRESHOLDS["GRADIENT_UNDERFLOW"].at(threshold)
     shares = flushed_shares(grads)
-    flagged = [r for r in shares if rule.judge(r[1]) == "reported"]
-    borderline = not flagged
-    if borderline:
-        flagged = [r for r in shares if rule.judge(r[1]) == "borderline"]
+    flagged, borderline = rule.pick(shares, lambda row: row[1])
     if not flagged:
         return None
     name, frac, lost, nonzero = flagged[0]
