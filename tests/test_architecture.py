@@ -1,6 +1,6 @@
 """The shape of src/ampkit: import layers, no cycles between files, small files and functions.
 
-The layer table follows shared/DESIGN.md ("Layout and layers").  Imports are read with ``ast``,
+The layer table follows docs/architecture.md ("Layers").  Imports are read with ``ast``,
 function-level imports included and ``if TYPE_CHECKING:`` blocks excluded, so a lazy import
 inside a function cannot hide an upward edge.
 """
@@ -164,7 +164,7 @@ def _cycles() -> set[frozenset[str]]:
 def test_architecture_every_module_has_a_layer() -> None:
     for module in _files():
         assert any(module == p or module.startswith(p + ".") for p in LAYERS), (
-            f"{module} has no layer in tests/test_architecture.py LAYERS; add it where DESIGN.md puts it")
+            f"{module} has no layer in tests/test_architecture.py LAYERS; add it where docs/architecture.md's Layers section puts it")
 
 
 def test_architecture_no_upward_imports() -> None:

@@ -37,7 +37,7 @@ Severity = Literal["error", "warning", "info"]
 
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
 
-# Stable codes (DESIGN.md) and the severity each one has unless evidence says otherwise.
+# Stable codes (docs/findings.md) and the severity each one has unless evidence says otherwise.
 CODES: dict[str, Severity] = {
     "FORWARD_OVERFLOW": "error",
     "FORWARD_NAN": "error",
