@@ -17,7 +17,7 @@ def test_checker_selection_keeps_amp000_unless_ignored() -> None:
     assert lint_source("def f(:\n", codes=parse_codes(None, "AMP000")) == []
     assert parse_codes("ALL", None) == ALL_CODES
     assert parse_codes("amp11", None) == {"AMP000", "AMP110", "AMP111", "AMP112", "AMP113", "AMP114",
-                                          "AMP115", "AMP116"}
+                                          "AMP115", "AMP116", "AMP117", "AMP118", "AMP119"}
 
 
 

@@ -1,4 +1,4 @@
-"""The rule catalog, AMP101–AMP116, in code order.
+"""The rule catalog, AMP101–AMP120, in code order.
 
 | code | rule |
 |---|---|
@@ -18,16 +18,20 @@
 | AMP114 | a running accumulator kept in fp16/bf16 |
 | AMP115 | ``lr_scheduler.step()`` unconditionally after ``scaler.step()`` |
 | AMP116 | a path that skips ``scaler.update()`` after ``step()`` / ``unscale_()`` |
+| AMP117 | fp8 training in a file that never compiles the model |
+| AMP118 | FSDP2 fp8 all-gather with no ``precompute_float8_dynamic_scale_for_fsdp`` in the file |
+| AMP119 | ``precompute_float8_dynamic_scale_for_fsdp`` before the optimizer step in the loop |
+| AMP120 | ``convert_to_float8_training`` after ``fully_shard`` |
 """
 
 from __future__ import annotations
 
 from ampkit.lint.core import Rule
-from ampkit.lint.rules import api, checkpoint, numerics, precision, scaler, training
+from ampkit.lint.rules import api, checkpoint, fp8, numerics, precision, scaler, training
 
 __all__ = ["RULES", "RULES_BY_CODE"]
 
 RULES: tuple[Rule, ...] = tuple(sorted((*api.RULES, *scaler.RULES, *checkpoint.RULES, *precision.RULES,
-                                        *numerics.RULES, *training.RULES),
+                                        *numerics.RULES, *training.RULES, *fp8.RULES),
                                        key=lambda r: r.code))
 RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}
