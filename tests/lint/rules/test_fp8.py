@@ -181,3 +181,15 @@ def test_fp8_conversion_before_sharding_is_not_reported() -> None:
 def test_fp8_conversion_and_sharding_on_exclusive_branches_are_not_sequenced() -> None:
     assert hits(_SHARD_THEN + "    if fsdp:\n        fully_shard(model)\n"
                 "    else:\n        convert_to_float8_training(model)\n") == []
+
+
+def test_fp8_conversion_of_a_rebound_name_after_sharding_is_not_reported() -> None:
+    # torchao's own FSDP2 test: the name is bound to a fresh model between the two calls.
+    assert hits(_SHARD_THEN + "    fully_shard(model)\n    model = build_again()\n"
+                "    model = convert_to_float8_training(model)\n") == []
+
+
+def test_fp8_conversion_in_a_test_file_is_not_judged() -> None:
+    # Tests run eager on purpose: they check numerics, not speed.
+    assert hits(f"import pytest\nfrom torchao.float8 import convert_to_float8_training\n"
+                f"convert_to_float8_training(model)\n{_LOOP}") == []

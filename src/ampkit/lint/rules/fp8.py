@@ -111,9 +111,19 @@ def amp117(ctx: FileContext) -> Iterator[Hit]:
         elif _fp8_engine(ctx, call, scope):
             found.append((call, f"fp8 engine {_NO_COMPILE}; compile the prepared model: "
                                 "model = torch.compile(mp.prepare(model))"))
-    # The loop that trains is where compile belongs; a helper module that only converts is not judged.
-    if found and not _compiles(ctx) and any(_is_backward(ctx, s.node) for _, s in ctx.calls()):  # type: ignore[arg-type]
+    # The loop that trains is where compile belongs; a helper module that only converts is not
+    # judged, nor is a test, which runs eager on purpose (it checks numerics, not speed).
+    if found and not _compiles(ctx) and not _is_test_file(ctx) \
+            and any(_is_backward(ctx, s.node) for _, s in ctx.calls()):  # type: ignore[arg-type]
         yield from found
+
+
+_TEST_FRAMEWORKS = ("pytest", "unittest", "torch.testing")
+
+
+def _is_test_file(ctx: FileContext) -> bool:
+    return any(target is not None and (target in _TEST_FRAMEWORKS or target.startswith(_TEST_FRAMEWORKS))
+               for target in ctx.flow.imports.values())
 
 
 def _optimizer_step(ctx: FileContext, call: ast.Call, scope: Scope) -> bool:
@@ -273,6 +283,20 @@ def _related(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
+def _rebound(scope: Scope, key: str, after: Site, before: Site) -> bool:
+    """True when ``key`` (or the object holding it) is assigned anew between the two sites, in
+    source order: ``module = build()`` after sharding the previous ``module``."""
+    for site in scope.assigns:
+        if site.stmt is before.stmt or not after.pos < site.pos < before.pos:
+            continue
+        targets = site.stmt.targets if isinstance(site.stmt, ast.Assign) else [site.stmt.target]  # type: ignore[attr-defined]
+        for target in targets:
+            bound = expr_key(target)
+            if bound is not None and (key == bound or key.startswith(bound + ".")):
+                return True
+    return False
+
+
 @rule(code="AMP120", name="fp8-convert-after-fully-shard",
       summary="convert_to_float8_training on a model already sharded with FSDP2's fully_shard",
       needs=((CONVERT,), ("fully_shard",)))
@@ -285,17 +309,18 @@ def amp120(ctx: FileContext) -> Iterator[Hit]:
             continue
         paths, _ = build_paths(scope, _among(converts.keys() | shards.keys()))
         for path in paths:
-            sharded: list[str] = []
+            sharded: list[tuple[str, Site]] = []
             for ev in path:
                 if ev.kind != CALL:
                     continue
                 if id(ev.node) in shards:
                     key = _sharded_key(ctx, shards[id(ev.node)])
                     if key:
-                        sharded.append(key)
+                        sharded.append((key, shards[id(ev.node)]))
                     continue
                 target = expr_key(call_arg(ev.node, 0, "module") or ast.Constant(None))  # type: ignore[arg-type]
-                done = next((k for k in sharded if target and _related(k, target)), None)
+                done = next((k for k, shard in sharded if target and _related(k, target)
+                             and not _rebound(scope, target, shard, converts[id(ev.node)])), None)
                 if done is None or id(ev.node) in reported:
                     continue
                 reported.add(id(ev.node))
