@@ -1,4 +1,4 @@
-"""``ampkit lint``: find AMP mistakes in Python source (rules AMP101–AMP116).
+"""``ampkit lint``: find AMP mistakes in Python source (rules AMP101–AMP120).
 
 Exit codes: 0 clean, 1 violations (a file that cannot be parsed counts as one, AMP000),
 2 usage error (unknown rule code, missing path), or a `--fix` that could not be written (the file is
