@@ -43,12 +43,6 @@ def _torchao(ctx: FileContext, func: ast.AST, name: str) -> bool:
     return isinstance(func, ast.Name) and func.id == name
 
 
-def _calls_of(ctx: FileContext, name: str) -> Iterator[tuple[Scope, Site]]:
-    for scope, site in ctx.calls():
-        if _torchao(ctx, site.node.func, name):  # type: ignore[attr-defined]
-            yield scope, site
-
-
 def _is_fully_shard(ctx: FileContext, func: ast.AST) -> bool:
     qualified = ctx.qualname(func)
     if qualified is not None:
@@ -250,7 +244,7 @@ def amp119(ctx: FileContext) -> Iterator[Hit]:
                             f"update; call it right after {what}()")
 
 
-def _sharded_key(ctx: FileContext, site: Site) -> str | None:
+def _sharded_key(site: Site) -> str | None:
     """The module ``fully_shard`` shards, as a key; a loop variable stands for what its loop
     iterates (``for block in model.layers: fully_shard(block)`` shards ``model.layers``)."""
     arg = call_arg(site.node, 0, "module")  # type: ignore[arg-type]
@@ -314,7 +308,7 @@ def amp120(ctx: FileContext) -> Iterator[Hit]:
                 if ev.kind != CALL:
                     continue
                 if id(ev.node) in shards:
-                    key = _sharded_key(ctx, shards[id(ev.node)])
+                    key = _sharded_key(shards[id(ev.node)])
                     if key:
                         sharded.append((key, shards[id(ev.node)]))
                     continue
