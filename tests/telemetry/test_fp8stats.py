@@ -11,14 +11,13 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.telemetry import Telemetry
-from ampkit.telemetry import fp8stats
+from ampkit.telemetry import Telemetry, fp8stats
 from ampkit.telemetry.fp8stats import CastSpec, cast_specs, fp8_scale, operand_stats
 
 from .telemetry_helpers import FORBIDDEN, ForbiddenSync
 
 pytest.importorskip("torchao")
-from ampkit.fp8 import _import_float8  # noqa: E402
+from ampkit.fp8 import _import_float8
 
 _import_float8()  # torchao's import-time log lines held back, as the engine does
 from torchao.float8.config import Float8LinearConfig, ScalingGranularity  # noqa: E402
