@@ -262,3 +262,22 @@ def test_telemetry_non_fp8_engine_with_fp8_stats_never_imports_torchao() -> None
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_telemetry_fp8_observed_loop_records_torchao_layers() -> None:
+    # A loop ampkit does not drive, on a model converted by torchao itself.
+    from torchao.float8 import convert_to_float8_training
+
+    model = convert_to_float8_training(_mlp())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    records: list[dict] = []
+    obs = ampkit.telemetry.observe(opt, model=model, telemetry=Telemetry(sinks=[records.append], fp8_stats_every=2))
+    x = torch.randn(16, 32)
+    for _ in range(3):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    obs.close()
+    assert [("fp8_amax" in r) for r in records] == [True, False, True]
+    assert records[0]["fp8_amax"]["0"]["input"] == float(x.abs().max())
