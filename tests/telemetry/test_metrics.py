@@ -105,8 +105,11 @@ def test_telemetry_metrics_buffer_module_rows_grow_on_device() -> None:
     buf = MetricBuffer(torch.device("cpu"), rows=4)
     buf.module_row(0, 2).copy_(torch.tensor([1.0, 2.0], dtype=buf.dtype))
     buf.module_row(5, 3)[:3].copy_(torch.tensor([3.0, 4.0, 5.0], dtype=buf.dtype))
-    steps, modules = buf.read(0, 6)
+    buf.row("fp8", 1, 2).copy_(torch.tensor([6.0, 7.0], dtype=buf.dtype))
+    steps, tables = buf.read(0, {"modules": 6, "fp8": 2})
+    modules = tables["modules"]
     assert steps == [] and modules[0][:2] == [1.0, 2.0] and modules[5] == [3.0, 4.0, 5.0]
+    assert tables["fp8"][1] == [6.0, 7.0]
 
 
 def test_telemetry_metrics_input_watch_ignores_evaluation_forwards(tiny: torch.nn.Module) -> None:

@@ -23,6 +23,10 @@ holding the running state.  Rules and default thresholds (docs/telemetry.md just
 ``LossNonFiniteAlarm``
     fires when a step's loss is inf/NaN (finding code ``NONFINITE_INPUT`` when the inputs were
     non-finite too).
+``Fp8FlushAlarm`` (in ``fp8alarm``)
+    fires when an fp8 GEMM operand's flush fraction (sampled steps) is above ``max_fraction``
+    (default 1%) and at least ``factor`` (default 2) times its lowest of the previous ``window``
+    (default 5) samples.
 
 Every alarm fires once per episode and re-arms when its condition clears.  Actions:
 ``"warn"`` (an ``AlarmWarning``), ``"stop"`` (raise ``TrainingStopped`` naming the alarm and its
@@ -61,6 +65,7 @@ from ampkit.telemetry.alarm_base import (
     is_int,
     steps_with,
 )
+from ampkit.telemetry.fp8alarm import Fp8FlushAlarm
 
 if TYPE_CHECKING:
     from ampkit.telemetry.source import StepSource
@@ -70,6 +75,7 @@ __all__ = [
     "AlarmAction",
     "AlarmEvent",
     "AlarmWarning",
+    "Fp8FlushAlarm",
     "GradNormSpikeAlarm",
     "LossNonFiniteAlarm",
     "Monitor",
@@ -398,5 +404,6 @@ class _LossNonFiniteMonitor(Monitor):
 
 
 def default_alarms() -> list[Alarm]:
-    """The four alarms with their default thresholds, all with action ``"warn"``."""
-    return [ScaleCollapseAlarm(), SkipRateAlarm(), GradNormSpikeAlarm(), LossNonFiniteAlarm()]
+    """The five alarms with their default thresholds, all with action ``"warn"`` (``Fp8FlushAlarm`` reads
+    only the fields of fp8 runs)."""
+    return [ScaleCollapseAlarm(), SkipRateAlarm(), GradNormSpikeAlarm(), LossNonFiniteAlarm(), Fp8FlushAlarm()]

@@ -37,6 +37,7 @@ from ampkit._util.dtensor import local_shard
 from ampkit.engine import Engine
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
+from ampkit.telemetry.fp8stats import Fp8Stats
 from ampkit.telemetry.metrics import COL, GradCounter, MetricBuffer, ModuleAbsmax
 from ampkit.telemetry.records import StepMeta, current_rank, floating_tensors, make_record
 from ampkit.telemetry.sinks import CallbackSink, Sink, SinkFailedWarning
@@ -56,13 +57,17 @@ class Telemetry(EngineHook):
             ``CallbackSink``); a plain callable is wrapped in a ``CallbackSink``.
         flush_every: steps between flushes (each flush is one device-to-host copy).
         module_absmax_every: sample per-module gradient absmax on steps 1, 1+K, 1+2K, ... (0: off).
+        fp8_stats_every: sample the amax and flush fraction of every fp8 GEMM operand (torchao
+            ``Float8Linear`` layers) on steps 1, 1+K, ...; None: every 100 steps when the models have
+            fp8 layers (0: off).  Without fp8 layers nothing is hooked and nothing is measured.
         alarms: ``Alarm`` configs; None gives ``default_alarms()`` (all "warn"), ``()`` none.
         watch_inputs: count inf/NaN floating inputs of the prepared models (a forward pre-hook).
 
     Each record is a plain dict: ``step``, ``rank``, ``loss``, ``loss_nonfinite``, ``scale``,
     ``next_scale``, ``skipped``, ``grad_norm``, ``clip_coef``, ``nonfinite_grads``,
     ``zero_grad_fraction``, ``lr``, ``input_nonfinite`` (None when no model is watched), plus
-    ``module_grad_absmax`` on sampled steps and ``alarms`` on steps where one fired.
+    ``module_grad_absmax`` and ``fp8_amax`` / ``fp8_flush_fraction`` on sampled steps, and ``alarms``
+    on steps where one fired.
 
     >>> import ampkit, torch
     >>> records = []
@@ -89,6 +94,7 @@ class Telemetry(EngineHook):
         *,
         flush_every: int = 50,
         module_absmax_every: int = 0,
+        fp8_stats_every: int | None = None,
         alarms: Sequence[Alarm] | None = None,
         watch_inputs: bool = True,
     ) -> None:
@@ -96,7 +102,11 @@ class Telemetry(EngineHook):
             raise ValueError(f"Telemetry(flush_every={flush_every!r}): must be an int >= 1 (steps between flushes)")
         if not (isinstance(module_absmax_every, int) and module_absmax_every >= 0):
             raise ValueError(f"Telemetry(module_absmax_every={module_absmax_every!r}): must be an int >= 0 (0 = off)")
+        if not (fp8_stats_every is None or (isinstance(fp8_stats_every, int) and fp8_stats_every >= 0)):
+            raise ValueError(f"Telemetry(fp8_stats_every={fp8_stats_every!r}): must be None (every 100 steps with "
+                             "fp8 layers) or an int >= 0 (0 = off)")
         self.flush_every = flush_every
+        self.fp8_stats_every = fp8_stats_every
         self.module_absmax_every = module_absmax_every
         self.watch_inputs = watch_inputs
         if isinstance(sinks, Sink) or callable(sinks):
@@ -151,15 +161,19 @@ class Telemetry(EngineHook):
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._counter = GradCounter(device)
         self._modules = ModuleAbsmax(device)
+        self._fp8 = Fp8Stats(device, self.fp8_stats_every, lambda: source.optimizer_steps + 1, self.buffer.dtype)
         for m in self.monitors:
             m.bind(source)
         self._watch_new_models()
 
     def _watch_new_models(self) -> None:
         source = self.engine
-        if source is None or not self.watch_inputs or len(source.models) == self._n_models:
+        if source is None or len(source.models) == self._n_models:
             return
         self._n_models = len(source.models)
+        self._fp8.watch(source.models)
+        if not self.watch_inputs:
+            return
         for model in source.models:
             if id(model) not in self._watched:
                 self._watched[id(model)] = model.register_forward_pre_hook(self._check_inputs, with_kwargs=True)
@@ -261,13 +275,23 @@ class Telemetry(EngineHook):
         meta = StepMeta(step=step, losses=self._losses, numel=sum(g.numel() for g in local),
                          lr=None if lr is None else float(lr), watched=bool(self._watched))
         self._losses = 0
+        self._sample(meta, params, local, source)
+        self._pending = meta
+
+    def _sample(self, meta: StepMeta, params: list[torch.Tensor], local: list[torch.Tensor],
+                source: StepSource) -> None:
+        """Write the sampled tables' rows of the step (per-module absmax, fp8 operand statistics)."""
         every = self.module_absmax_every
-        if every and (step - 1) % every == 0 and local:
+        if every and (meta.step - 1) % every == 0 and local:
             slot = sum(1 for m in self._meta if m.module_slot is not None)
             values, present = self._modules.compute(params, local, source.models)
             self.buffer.module_row(slot, len(values))[: len(values)].copy_(values)
             meta.module_slot, meta.module_names, meta.module_present = slot, self._modules.names, present
-        self._pending = meta
+        fp8 = self._fp8.take(meta.step) if self._fp8.names else None
+        if fp8 is not None:
+            slot = sum(1 for m in self._meta if m.fp8_slot is not None)
+            self.buffer.row("fp8", slot, len(fp8))[: len(fp8)].copy_(fp8)
+            meta.fp8_slot, meta.fp8_layers = slot, list(self._fp8.names)
 
     def end_step(self, scale: torch.Tensor | None, next_scale: torch.Tensor,
                  found_inf: torch.Tensor | None = None) -> None:
@@ -298,11 +322,12 @@ class Telemetry(EngineHook):
         metas = self._meta
         if not metas:
             return []
-        slots = sum(1 for m in metas if m.module_slot is not None)
-        steps, modules = self.buffer.read(len(metas), slots)
+        sampled = {"modules": sum(1 for m in metas if m.module_slot is not None),
+                   "fp8": sum(1 for m in metas if m.fp8_slot is not None)}
+        steps, tables = self.buffer.read(len(metas), sampled)
         self._meta = []
         rank = current_rank()
-        records = [make_record(meta, values, rank, modules) for meta, values in zip(metas, steps)]
+        records = [make_record(meta, values, rank, tables) for meta, values in zip(metas, steps)]
         events: list[AlarmEvent] = []
         for rec in records:
             fired = [e for e in (m.observe(rec) for m in self.monitors) if e is not None]
@@ -376,6 +401,8 @@ class Telemetry(EngineHook):
             for handle in self._watched.values():
                 handle.remove()
             self._watched.clear()
+            if self.engine is not None:
+                self._fp8.close()
 
     def __enter__(self) -> Telemetry:
         return self

@@ -221,34 +221,42 @@ class ModuleAbsmax:
 
 
 class MetricBuffer:
-    """``rows`` x ``len(COLUMNS)`` device buffer plus a sampled per-module absmax buffer."""
+    """``rows`` x ``len(COLUMNS)`` device buffer plus the sampled tables (``"modules"``: per-module absmax,
+    ``"fp8"``: fp8 operand statistics), one row per sampled step."""
 
     def __init__(self, device: torch.device, rows: int) -> None:
         self.device = device
         self.dtype = buffer_dtype(device)
         self.rows = rows
         self.data = torch.full((rows, len(COLUMNS)), math.nan, dtype=self.dtype, device=device)
-        self.modules = torch.empty((0, 0), dtype=self.dtype, device=device)
+        self.tables: dict[str, torch.Tensor] = {}
 
-    def module_row(self, k: int, width: int) -> torch.Tensor:
-        """Row ``k`` of the module buffer, grown (on the device, no sync) to fit ``width`` modules."""
-        rows, cols = self.modules.shape
+    def row(self, table: str, k: int, width: int) -> torch.Tensor:
+        """Row ``k`` of ``table``, grown (on the device, no sync) to fit ``width`` values."""
+        old = self.tables.get(table, torch.empty((0, 0), dtype=self.dtype, device=self.device))
+        rows, cols = old.shape
         if k >= rows or width > cols:
             grown = torch.full((max(rows, k + 1, 4), max(cols, width)), math.nan, dtype=self.dtype,
                                device=self.device)
-            grown[:rows, :cols] = self.modules
-            self.modules = grown
-        return self.modules[k]
+            grown[:rows, :cols] = old
+            self.tables[table] = old = grown
+        return old[k]
 
-    def read(self, n: int, k: int) -> tuple[list[list[float]], list[list[float]]]:
-        """Copy the first ``n`` step rows and ``k`` module rows to the host: the one sync per flush."""
-        width = self.modules.shape[1]
-        parts = [self.data[:n].reshape(-1)]
-        if k:
-            parts.append(self.modules[:k].reshape(-1))
+    def module_row(self, k: int, width: int) -> torch.Tensor:
+        """Row ``k`` of the module absmax table, grown to fit ``width`` modules."""
+        return self.row("modules", k, width)
+
+    def read(self, n: int, sampled: dict[str, int]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
+        """Copy the first ``n`` step rows and the first ``sampled[table]`` rows of each table to the host:
+        the one sync per flush."""
+        used = [(name, k, self.tables[name]) for name, k in sampled.items() if k and name in self.tables]
+        parts = [self.data[:n].reshape(-1), *(t[:k].reshape(-1) for _, k, t in used)]
         flat = torch.cat(parts).tolist() if len(parts) > 1 else parts[0].tolist()
         cols = len(COLUMNS)
         steps = [flat[i * cols:(i + 1) * cols] for i in range(n)]
-        base = n * cols
-        mods = [flat[base + j * width: base + (j + 1) * width] for j in range(k)]
-        return steps, mods
+        base, tables = n * cols, {}
+        for name, k, t in used:
+            width = t.shape[1]
+            tables[name] = [flat[base + j * width: base + (j + 1) * width] for j in range(k)]
+            base += k * width
+        return steps, tables

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ampkit.telemetry.fp8stats import fp8_fields
 from ampkit.telemetry.metrics import COL
 
 __all__ = ["StepMeta", "current_rank", "floating_tensors", "make_record"]
@@ -30,10 +31,13 @@ class StepMeta:
     module_slot: int | None = None
     module_names: list[str] | None = None
     module_present: list[int] | None = None
+    fp8_slot: int | None = None
+    fp8_layers: list[str] | None = None
 
 
-def make_record(meta: StepMeta, v: list[float], rank: int, modules: list[list[float]]) -> dict[str, Any]:
-    """The record of one row ``v`` (``COLUMNS`` order); a NaN gradient count (not measured) becomes None."""
+def make_record(meta: StepMeta, v: list[float], rank: int, tables: dict[str, list[list[float]]]) -> dict[str, Any]:
+    """The record of one row ``v`` (``COLUMNS`` order) and its rows of the sampled ``tables``; a NaN
+    gradient count (not measured) becomes None."""
     rec: dict[str, Any] = {
         "step": meta.step,
         "rank": rank,
@@ -50,8 +54,10 @@ def make_record(meta: StepMeta, v: list[float], rank: int, modules: list[list[fl
         "input_nonfinite": v[COL["input_nonfinite"]] > 0 if meta.watched else None,
     }
     if meta.module_slot is not None and meta.module_names is not None and meta.module_present is not None:
-        row = modules[meta.module_slot]
+        row = tables["modules"][meta.module_slot]
         rec["module_grad_absmax"] = {meta.module_names[j]: row[j] for j in meta.module_present}
+    if meta.fp8_slot is not None and meta.fp8_layers is not None:
+        rec.update(fp8_fields(meta.fp8_layers, tables["fp8"][meta.fp8_slot]))
     return rec
 
 

@@ -101,7 +101,8 @@ class JsonlSink(Sink):
 class TensorBoardSink(Sink):
     """Scalars per step (``{prefix}loss``, ``{prefix}scale``, ... and ``{prefix}skipped``) to TensorBoard.
 
-    Per-module gradient absmax goes to ``{prefix}grad_absmax/<module>``; alarms to the text
+    Per-module gradient absmax goes to ``{prefix}grad_absmax/<module>``, the fp8 operand statistics to
+    ``{prefix}fp8_amax/<layer>/<operand>`` and ``{prefix}fp8_flush_fraction/<layer>/<operand>``; alarms to the text
     tab.  Needs ``torch.utils.tensorboard`` (``pip install 'ampkit[tensorboard]'``).  Only rank 0
     writes unless ``all_ranks=True`` (then each rank needs its own ``log_dir``).
     """
@@ -131,6 +132,11 @@ class TensorBoardSink(Sink):
             w.add_scalar(p + "skipped", float(r["skipped"]), step)
             for name, value in (r.get("module_grad_absmax") or {}).items():
                 w.add_scalar(f"{p}grad_absmax/{name}", value, step)
+            for key in ("fp8_amax", "fp8_flush_fraction"):
+                for layer, ops in (r.get(key) or {}).items():
+                    for op, value in ops.items():
+                        if value is not None:
+                            w.add_scalar(f"{p}{key}/{layer}/{op}", value, step)
         w.flush()
 
     def alarm(self, event: Record) -> None:
