@@ -52,7 +52,9 @@ __all__ = [
     "describe_fp8_filter",
     "fp8_candidates",
     "fp8_layer_names",
+    "has_fp8_gemm",
     "is_float8_linear",
+    "torchao_installed",
 ]
 
 Fp8Filter = Sequence[KeepFp32Rule] | Callable[[nn.Module, str], bool] | str | None
@@ -157,6 +159,16 @@ def fp8_candidates(
         if decide is None or decide(module, fqn):
             chosen.append(fqn)
     return chosen
+
+
+def has_fp8_gemm(device: torch.device) -> bool:
+    """True on CUDA devices whose ``torch._scaled_mm`` has fp8 kernels (compute capability 8.9 and later)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FP8_GEMM_CAPABILITY
+
+
+def torchao_installed() -> bool:
+    """Whether torchao can be imported, found without importing it (the import costs about 2 s)."""
+    return importlib.util.find_spec("torchao") is not None
 
 
 def _emulate(device: torch.device) -> bool:
@@ -279,8 +291,7 @@ class Fp8Converter:
 
 
 def _require_torchao(precision: Precision) -> None:
-    # find_spec finds the package without importing it (the import costs about 2 s).
-    if importlib.util.find_spec("torchao") is None:
+    if not torchao_installed():
         raise ImportError(
             f"precision={precision.name!r} trains with torchao's float8 layers, and torchao is not installed; "
             f"install it with `{FP8_EXTRA}` (torchao 0.18), or use precision='bf16'"

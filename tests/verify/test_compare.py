@@ -47,7 +47,7 @@ def test_compare_identical_run_passes_with_ratios() -> None:
 def test_compare_metric_worse_beyond_tolerance_fails_in_its_direction() -> None:
     out = _compare(_run("fp32", BASE), _run("bf16", BASE, acc=0.85), _run("fp16", BASE, bpb=2.1))
     assert out["bf16"]["verdict"] == "fail" and "acc 0.85 vs fp32 0.9" in out["bf16"]["reasons"][0]
-    assert out["fp16"]["verdict"] == "fail" and "bpb 2.1 vs fp32 2: 5.00% worse" in out["fp16"]["reasons"][0]
+    assert out["fp16"]["verdict"] == "fail" and "bpb 2.1 vs fp32 2: worsening 5.00% > tolerance 2.00%" in out["fp16"]["reasons"][0]
 
 
 def test_compare_better_metric_never_fails() -> None:
@@ -67,7 +67,7 @@ def test_compare_loss_distance_over_tolerance_fails() -> None:
     drifted = [x + 0.05 for x in BASE]
     out = _compare(_run("fp32", BASE), _run("bf16", drifted))
     assert out["bf16"]["loss_distance"] == pytest.approx(0.05 / _extent(BASE, 5))
-    assert any(r.startswith("loss-curve distance 5.") and r.endswith("> 3.00% allowed") for r in out["bf16"]["reasons"])
+    assert any(r.startswith("loss-curve distance 5.") and r.endswith("> tolerance 3.00%") for r in out["bf16"]["reasons"])
     assert _compare(_run("fp32", BASE), _run("bf16", drifted), tol=Tolerances(loss=0.06))["bf16"]["verdict"] == "pass"
 
 

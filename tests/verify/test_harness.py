@@ -11,11 +11,13 @@ from tests.verify.verify_helpers import LibraryJob, task_ref
 
 def test_verify_progress_events_cover_every_step_of_every_run(regression_job_again: LibraryJob) -> None:
     events = regression_job_again.events
-    for precision in ("fp32", "bf16"):
-        steps = [e["step"] for p, e in events if p == precision and e["phase"] == "train"]
-        assert steps == list(range(1, 41))
-        assert (precision, {"phase": "done", "status": "ok"}) in events
-    assert [p for p, e in events if e["phase"] == "setup"] == ["fp32", "bf16"]
+    for precision, part in (("fp32", 0), ("fp32", "noise"), ("bf16", 0)):
+        mine = [e for p, e in events if p == precision and e.get("part", 0) == part]
+        assert [e["step"] for e in mine if e["phase"] == "train"] == list(range(1, 41))
+        assert {"phase": "done", "status": "ok", **({"part": part} if part else {})} in mine
+    # the fp32 noise run (another data order, for the noise band) runs right after the baseline
+    assert [(p, e.get("part", 0)) for p, e in events if e["phase"] == "setup"] == [("fp32", 0), ("fp32", "noise"),
+                                                                                   ("bf16", 0)]
 
 
 def test_report_throughput_agrees_with_an_independent_clock() -> None:
@@ -33,7 +35,7 @@ def test_report_throughput_agrees_with_an_independent_clock() -> None:
     arrivals: dict[int, float] = {}
 
     def on_progress(precision: str, event: dict) -> None:
-        if event["phase"] == "train":
+        if event["phase"] == "train" and "part" not in event:  # the baseline's steps, not the noise run's
             arrivals[event["step"]] = time.perf_counter()
 
     report = run_verify(config, on_progress=on_progress)

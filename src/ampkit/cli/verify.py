@@ -11,7 +11,14 @@ is shown (and, when stderr is not a terminal, plain progress lines every 10 s or
 run).  --time-budget 5m probes every precision for a few steps first and then shrinks the
 number of steps, equally for every precision, so that the job fits.
 
-Exit status: 0 every precision passes, 1 at least one fails, 2 bad input.
+A second fp32 run with another data order measures fp32's own run-to-run spread (the noise
+band); a precision passes when its distance to fp32 is within the tolerance and the run can
+resolve that tolerance (k x band within it, enough steps), fails when the distance exceeds
+both the tolerance and k x band, and is inconclusive otherwise.  --no-noise-band skips the
+second run and judges each distance against its tolerance alone.
+
+Exit status: 0 every precision passes, 1 at least one fails, 2 bad input, 3 inconclusive (no
+failure, but at least one verdict the run cannot settle).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from ampkit.cli.errors import UsageError
 __all__ = ["register", "run"]
 
 DEFAULT_OUT = "runs/verify"
+EXIT_CODES = {"pass": 0, "fail": 1, "inconclusive": 3}
+"""3 is verify's own: no other command uses it (2 is bad input everywhere)."""
 
 
 def _fraction(text: str) -> float:
@@ -51,6 +60,7 @@ def _duration(text: str) -> float:
 
 def register(subparsers: Any) -> None:
     from ampkit.verify.compare import Tolerances
+    from ampkit.verify.noise import NOISE_K
 
     d = Tolerances()
     p = subparsers.add_parser(
@@ -76,6 +86,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--time-budget", type=_duration, metavar="DURATION",
                    help="fit the training into DURATION (seconds, or 90s, 5m, 1h): every precision is probed for a "
                         "few steps, then all run the same, smaller number of steps; the report says so")
+    p.add_argument("--size", metavar="NAME",
+                   help="run the task at this rung of its size ladder (tinygpt: full, medium, small, tiny); "
+                        "default: the task as loaded, or the largest that fits --time-budget")
+    p.add_argument("--no-noise-band", action="store_true",
+                   help="skip the second fp32 run that measures fp32's run-to-run spread; verdicts are then pass "
+                        "or fail against the tolerances alone")
+    p.add_argument("--noise-k", type=float, default=NOISE_K, metavar="K",
+                   help=f"a difference counts beyond K noise bands, and a pass needs K bands within the tolerance "
+                        f"(default {NOISE_K:g})")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report directory (default {DEFAULT_OUT})")
     tol = p.add_argument_group("tolerances (fractions; see docs/verify.md)")
     tol.add_argument("--tol-metric", action="append", default=[], metavar="[NAME=]X",
@@ -172,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     config = VerifyConfig(task=args.task, precisions=precisions, device=args.device, steps=args.steps,
                           warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,
                           tolerances=_tolerances(args), measure_env=not args.no_measure_env, nproc=args.nproc,
-                          scaling_baseline=not args.no_scaling_baseline, time_budget=args.time_budget)
+                          scaling_baseline=not args.no_scaling_baseline, time_budget=args.time_budget,
+                          noise_band=not args.no_noise_band, noise_k=args.noise_k, size=args.size)
     try:
         resolved = plan(config)
     except (VerifyError, TaskLoadError) as exc:
@@ -196,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {line}")
     print(f"Report: {paths['html']}  (also {paths['json'].name}, {paths['md'].name})")
     sys.stdout.flush()
-    return 0 if report["verdict"] == "pass" else 1
+    return EXIT_CODES[report["verdict"]]
 
 
 class _Tracker:
@@ -208,11 +228,14 @@ class _Tracker:
 
     def __init__(self, resolved: Any, progress: Any, *, plain: bool) -> None:
         from ampkit.verify.budget import ProgressLog, RunEstimate
+        from ampkit.verify.runner import NOISE_PART
 
         self.names, self.parts, self.nproc = resolved.precisions, resolved.parts, resolved.nproc
         self.steps, self.warmup, self.eval_every = resolved.steps, resolved.warmup, resolved.eval_every
         self.progress, self.plain, self.started = progress, plain, time.perf_counter()
         self.runs = [f"{name}/{part}" for name in self.names for part in range(self.parts)]
+        if resolved.noise_band:
+            self.runs.insert(self.parts, f"fp32/{NOISE_PART}")  # right after the fp32 baseline, as it runs
         self.estimate = RunEstimate(self.runs, self.steps, self.eval_every)
         self.log = ProgressLog(len(self.runs) * self.steps, self.started)
         self.job = progress.add_task("measuring the environment", total=len(self.runs) * self.steps)
@@ -226,6 +249,7 @@ class _Tracker:
 
     def __call__(self, precision: str, event: dict[str, Any]) -> None:
         from ampkit.verify.budget import format_duration
+        from ampkit.verify.runner import NOISE_PART
 
         phase, part, now = event["phase"], event.get("part", 0), time.perf_counter()
         i, n = self.names.index(precision), len(self.names)
@@ -238,9 +262,10 @@ class _Tracker:
             return self._plan(event)
         run = f"{precision}/{part}"
         self.estimate.feed(run, event, now)
-        label = f"{precision} ({i + 1}/{n})"
+        label = f"{precision} ({i + 1}/{n})" if part != NOISE_PART else "fp32 noise band"
         if self.nproc is not None:
-            label += f", {1 if part else self.nproc} rank{'' if part else 's'}"
+            ranks = 1 if part == 1 else self.nproc
+            label += f", {ranks} rank{'' if ranks == 1 else 's'}"
         base = self.runs.index(run) * self.steps
         left = self.estimate.left_s()
         if phase == "launch" and self.plain:
@@ -275,9 +300,12 @@ class _Tracker:
 
     def _plan(self, event: dict[str, Any]) -> None:
         from ampkit.verify.budget import Cost, RunEstimate
+        from ampkit.verify.probe import NOISE_RUN
+        from ampkit.verify.runner import NOISE_PART
 
         self.steps, self.warmup, self.eval_every = event["steps"], event["warmup"], event["eval_every"]
-        costs = {f"{name}/0": Cost(**c) for name, c in event["costs"].items()}
+        costs = {f"fp32/{NOISE_PART}" if name == NOISE_RUN else f"{name}/0": Cost(**c)
+                 for name, c in event["costs"].items()}
         self.estimate = RunEstimate(self.runs, self.steps, self.eval_every, costs)
         self.log.total_steps = len(self.runs) * self.steps
         self.progress.update(self.job, total=len(self.runs) * self.steps, completed=0)

@@ -13,9 +13,10 @@ from ampkit.tasks.base import (
     Task,
     TaskBase,
     TaskLoadError,
+    TaskSize,
     check_task,
     load_task,
     split_task_ref,
 )
 
-__all__ = ["BUILTIN_TASKS", "Task", "TaskBase", "TaskLoadError", "check_task", "load_task", "split_task_ref"]
+__all__ = ["BUILTIN_TASKS", "Task", "TaskBase", "TaskLoadError", "TaskSize", "check_task", "load_task", "split_task_ref"]

@@ -23,6 +23,7 @@ import inspect
 import keyword
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
@@ -30,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-__all__ = ["BUILTIN_TASKS", "Task", "TaskBase", "TaskLoadError", "check_task", "load_task", "split_task_ref"]
+__all__ = ["BUILTIN_TASKS", "Task", "TaskBase", "TaskLoadError", "TaskSize", "check_task", "load_task", "split_task_ref"]
 
 BUILTIN_TASKS: dict[str, str] = {
     "tinygpt": "ampkit.tasks.tinygpt:TinyGPTTask",
@@ -70,6 +71,23 @@ class Task(Protocol):
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor: ...
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class TaskSize:
+    """One rung of a task's size ladder: ``ampkit verify --time-budget`` may run a smaller rung.
+
+    A task offers a ladder with ``sizes`` (largest first), ``size`` (the rung it is, or None for
+    a custom shape) and ``resized(name)``.
+    """
+
+    name: str
+    steps: int
+    """Steps at which this size's fp32 noise band resolves verify's default tolerances (docs/verify.md)."""
+    step_flops: float
+    """Estimated training FLOPs of one step: scales a step time probed at one size to another."""
+    shape: str
+    """What the size is, for the report (``d_model 128, 2 layers, context 64``)."""
 
 
 class TaskBase:

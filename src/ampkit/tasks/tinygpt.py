@@ -11,9 +11,13 @@ so every precision sees the same windows in the same order.  Evaluation is the m
 cross-entropy in **bits per byte** (lower is better) on fixed, evenly spaced windows of the
 held-out files.
 
-Sizes (d_model 256, 4 layers, 256-byte context, batch 16 = 4096 tokens per step) make the step
-matmul-bound, so bf16's speed-up on a CPU with AVX512-BF16/AMX is visible, and keep the default
-120 steps at about a minute per precision on 2 cores.
+Sizes: the default (``full``: d_model 256, 4 layers, 256-byte context, batch 16 = 4096 tokens
+per step) makes the step matmul-bound, so bf16's speed-up on a CPU with AVX512-BF16/AMX is
+visible, and keeps the default 120 steps at about a minute per precision on 2 cores.  Where
+bf16 is emulated (AVX2-only CPUs, about 0.03x fp32) one such step takes 15-30 s, so
+``ampkit verify --time-budget`` may run a smaller rung of the ladder ``SIZES``; each rung's
+step count is the one at which two fp32 runs with different data orders agree closely enough
+for verify's default tolerances (the fp32 noise band, docs/verify.md).
 """
 
 from __future__ import annotations
@@ -23,16 +27,17 @@ import hashlib
 import math
 import sysconfig
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ampkit.tasks.base import TaskBase
+from ampkit.tasks.base import TaskBase, TaskSize
 from ampkit.tasks.gpt import GPT, GPTConfig
 
-__all__ = ["StdlibCorpus", "TinyGPTTask", "stdlib_corpus"]
+__all__ = ["SIZES", "StdlibCorpus", "TinyGPTTask", "stdlib_corpus"]
 
 HOLDOUT_EVERY = 8
 """Every 8th file of the sorted list is held out for evaluation (12.5 %)."""
@@ -71,6 +76,30 @@ def stdlib_corpus() -> StdlibCorpus:
     return StdlibCorpus(Path(sysconfig.get_paths()["stdlib"]))
 
 
+@dataclass(frozen=True)
+class _Rung:
+    d_model: int
+    n_layer: int
+    n_head: int
+    block_size: int
+    eval_windows: int
+    steps: int
+    lr: float
+
+
+SIZES: dict[str, _Rung] = {
+    # Largest first.  Batch 16 everywhere.  The steps are where the fp32 noise band of 4 data-order
+    # seeds stayed within a third of verify's tolerances (3% loss distance, 2% metric): measured,
+    # docs/verify.md.  The small rungs learn with lr 1e-3; at 2e-3 their fp32 curves drift 1-6%
+    # apart with the data order alone.
+    "full": _Rung(256, 4, 4, 256, 32, 120, 2e-3),
+    "medium": _Rung(128, 2, 4, 128, 128, 200, 1e-3),
+    "small": _Rung(128, 2, 4, 64, 256, 200, 1e-3),
+    "tiny": _Rung(64, 2, 2, 64, 256, 200, 1e-3),
+}
+BATCH_SIZE = 16
+
+
 class TinyGPTTask(TaskBase):
     """Byte-level GPT on the standard library's source; metric ``bits_per_byte`` (lower is better)."""
 
@@ -84,12 +113,38 @@ class TinyGPTTask(TaskBase):
     """GPT practice: clipping the unscaled global norm keeps early loss spikes from derailing a short run."""
 
     def __init__(self, *, d_model: int = 256, n_layer: int = 4, n_head: int = 4, block_size: int = 256,
-                 batch_size: int = 16, eval_windows: int = 32) -> None:
+                 batch_size: int = BATCH_SIZE, eval_windows: int = 32) -> None:
         self.config = GPTConfig(d_model=d_model, n_layer=n_layer, n_head=n_head, block_size=block_size)
         self.batch_size = batch_size
         self.eval_windows = eval_windows
         self.samples_per_batch = batch_size
         self.tokens_per_batch = batch_size * block_size
+        self.size = next((name for name, r in SIZES.items() if self._is(r)), None)
+        """The rung of ``SIZES`` this task is (None: a custom shape, which has no ladder)."""
+
+    def _is(self, r: _Rung) -> bool:
+        c = self.config
+        return ((c.d_model, c.n_layer, c.n_head, c.block_size, self.eval_windows, self.batch_size) ==
+                (r.d_model, r.n_layer, r.n_head, r.block_size, r.eval_windows, BATCH_SIZE))
+
+    @classmethod
+    def resized(cls, name: str) -> TinyGPTTask:
+        """The task at rung ``name`` of ``SIZES``, with that rung's steps and learning rate."""
+        if name not in SIZES:
+            raise ValueError(f"tinygpt has no size {name!r}; its sizes: {', '.join(SIZES)}")
+        r = SIZES[name]
+        task = cls(d_model=r.d_model, n_layer=r.n_layer, n_head=r.n_head, block_size=r.block_size,
+                   eval_windows=r.eval_windows)
+        task.default_steps, task.lr = r.steps, r.lr
+        return task
+
+    @property
+    def sizes(self) -> tuple[TaskSize, ...]:
+        """The ladder, largest first (empty for a custom shape)."""
+        if self.size is None:
+            return ()
+        return tuple(TaskSize(name, r.steps, _step_flops(r), f"d_model {r.d_model}, {r.n_layer} layers, "
+                              f"{r.n_head} heads, context {r.block_size}") for name, r in SIZES.items())
 
     def describe(self) -> dict[str, Any]:
         corpus = stdlib_corpus()
@@ -100,6 +155,8 @@ class TinyGPTTask(TaskBase):
                     f"({corpus.train.numel()} / {corpus.eval.numel()} bytes) from {corpus.root}",
             "data_fingerprint": corpus.fingerprint,
             "batch_size": self.batch_size,
+            "size": self.size or "custom",
+            "lr": self.lr,
         }
 
     def build_model(self, seed: int) -> nn.Module:
@@ -136,3 +193,12 @@ class TinyGPTTask(TaskBase):
             total += GPT.loss(logits, chunk[:, 1:]).double() * chunk.shape[0]
         nats = float(total) / windows.shape[0]  # one host sync per evaluation
         return {"bits_per_byte": nats / math.log(2)}
+
+
+def _step_flops(r: _Rung) -> float:
+    """Training FLOPs of one step: 6 per parameter per token for the matmuls (forward and backward)
+    plus the attention scores, 6 x layers x context x width per token (the usual transformer count)."""
+    vocab = 256
+    params = 12 * r.n_layer * r.d_model ** 2 + vocab * r.d_model
+    per_token = 6 * params + 6 * r.n_layer * r.block_size * r.d_model
+    return float(per_token * BATCH_SIZE * r.block_size)

@@ -21,6 +21,11 @@ when a metric is non-finite or worse than ``tol.metric``, when the loss distance
 ``tol.nonfinite`` of its losses were non-finite, or (only if asked) when its speed-up is below
 ``tol.min_speedup``.
 
+With the fp32 noise band (``ampkit.verify.noise``, on by default) the loss distance and each
+metric get a three-way verdict: pass, fail, or inconclusive when the run cannot tell (too few
+steps, or fp32's own run-to-run spread too wide for the tolerance).  A run's verdict is fail if
+any check fails, else inconclusive if any check is, else pass.
+
 Numerics and speed are judged apart: ``numerics`` is ``pass`` or ``fail`` on every check above
 except the speed-up, and ``summary`` says both in one line ("numerics within tolerance; no
 speed-up on this hardware (0.05x)").  A low precision slower than fp32 is a note, with the
@@ -33,7 +38,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["LOSS_DISTANCE_DEFINITION", "NO_SPEEDUP", "Tolerances", "compare_runs", "loss_distance", "smooth"]
+from ampkit.verify.noise import Judgement, judge, metric_band
+
+__all__ = ["LOSS_DISTANCE_DEFINITION", "NO_SPEEDUP", "Band", "Tolerances", "band_from_runs", "compare_runs",
+           "loss_distance", "smooth"]
 
 SPEED_REASON = "speed-up "
 """Every speed failure (``--min-speedup``) starts so; every other reason is about numerics."""
@@ -135,14 +143,53 @@ def _own_checks(run: dict[str, Any], steps: int, tol: Tolerances, reasons: list[
     return {"skipped_fraction": skipped, "nonfinite_fraction": nonfinite}
 
 
+@dataclass(frozen=True)
+class Band:
+    """The fp32 noise band a comparison is judged with (``ampkit.verify.noise``); None fields: unknown."""
+
+    loss_distance: float | None
+    metrics: dict[str, float | None]
+    k: float
+    missing: str | None = None
+    """Why the band is unknown (the noise run failed), or None."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"loss_distance": self.loss_distance, "metrics": dict(self.metrics), "k": self.k,
+                "missing": self.missing}
+
+    def judge(self, d: float, tol: float, band: float | None, resolved_steps: int, what: str) -> Judgement:
+        missing = self.missing or (None if band is not None else "the noise run gave no value for it")
+        return judge(d, tol, band=band, k=self.k, resolved_steps=resolved_steps, what=what, band_missing=missing)
+
+
+def band_from_runs(base: dict[str, Any], noise: dict[str, Any] | None, *, metrics: dict[str, str], steps: int,
+                   warmup: int, tol: Tolerances, k: float) -> Band:
+    """The fp32 noise band: the noise run's shadow losses and final metrics against the baseline's."""
+    if base.get("status") != "ok":
+        return Band(None, {}, k, missing="the fp32 baseline did not complete")
+    if noise is None or noise.get("status") != "ok":
+        error = (noise or {}).get("error") or "no result"
+        return Band(None, {}, k, missing=f"the fp32 noise run {(noise or {}).get('status', 'failed')}: {error}")
+    window = tol.smooth or max(1, round(steps / 20))
+    dist = loss_distance(noise.get("shadow_loss") or [], base["loss"], warmup=warmup, window=window)
+    widths = {name: metric_band((noise.get("eval") or {}).get(name), (base.get("eval") or {}).get(name))
+              for name in metrics}
+    return Band(dist if math.isfinite(dist) else None, widths, k)
+
+
 def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: int, warmup: int,
-                 tol: Tolerances, environment: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """One comparison entry per run (fp32 first, as the baseline) with verdict and reasons."""
+                 tol: Tolerances, environment: dict[str, Any] | None = None,
+                 band: Band | None = None) -> list[dict[str, Any]]:
+    """One comparison entry per run (fp32 first, as the baseline) with verdict and reasons.
+
+    ``band``: the fp32 noise band; None is the single-run protocol (pass or fail only).
+    """
     window = tol.smooth or max(1, round(steps / 20))
     base = next((r for r in runs if r["precision"] == "fp32"), None)
     entries = []
     for run in runs:
         reasons: list[str] = []
+        unsure: list[str] = []
         speed_reasons: list[str] = []
         notes: list[str] = []
         entry: dict[str, Any] = {"precision": run["precision"], "vs": "fp32", "baseline": run is base}
@@ -152,6 +199,7 @@ def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: 
                 reasons.append("the fp32 baseline did not complete, so nothing can be compared")
         elif run is not base:
             entry.update(_against(run, base, metrics, warmup, window, tol, reasons, notes))
+            entry["checks"] = _band_checks(entry, run, warmup, tol, band, reasons, unsure)
             speed_reasons = [r for r in reasons if r.startswith(SPEED_REASON)]
             reasons = [r for r in reasons if not r.startswith(SPEED_REASON)] + speed_reasons
             hardware = _hardware(run, environment or {}, entry.get("speedup"))
@@ -159,10 +207,10 @@ def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: 
                 entry["hardware"] = hardware
                 notes.insert(0, hardware["note"])
         entry["loss_smoothing_window"] = window
-        entry["numerics"] = "fail" if len(reasons) > len(speed_reasons) else "pass"
+        entry["numerics"] = "fail" if len(reasons) > len(speed_reasons) else "inconclusive" if unsure else "pass"
         entry["summary"] = _summary(entry, run is base, speed_reasons)
-        entry["verdict"] = "fail" if reasons else "pass"
-        entry["reasons"] = reasons or ["within every tolerance" if run is not base else "baseline completed"]
+        entry["verdict"] = "fail" if reasons else "inconclusive" if unsure else "pass"
+        entry["reasons"] = reasons + unsure or ["within every tolerance" if run is not base else "baseline completed"]
         entry["notes"] = notes
         entries.append(entry)
     return entries
@@ -187,17 +235,14 @@ def _against(run: dict[str, Any], base: dict[str, Any], metrics: dict[str, str],
             worse = delta if direction == "lower" else -delta
             rel = worse / abs(ref) if ref != 0 else (0.0 if worse <= 0 else math.inf)
             item.update(delta=delta, relative_worse=rel, ok=rel <= tol.for_metric(name))
-            if not item["ok"]:
-                reasons.append(f"{name} {value:.4g} vs fp32 {ref:.4g}: {rel:.2%} worse (> {tol.for_metric(name):.2%} allowed)")
         else:
             item.update(delta=None, relative_worse=None, ok=False)
         out["metrics"][name] = item
     if run.get("status") == "ok":
         dist = loss_distance(run["loss"], base["loss"], warmup=warmup, window=window)
         out["loss_distance"] = dist if math.isfinite(dist) else None
-        if not dist <= tol.loss:
-            reasons.append(f"loss-curve distance {dist:.2%} > {tol.loss:.2%} allowed" if math.isfinite(dist)
-                           else "loss curves cannot be compared (non-finite over a whole smoothing window)")
+        if not math.isfinite(dist):
+            reasons.append("loss curves cannot be compared (non-finite over a whole smoothing window)")
         tail_run, tail_base = smooth(run["loss"], window)[-1], smooth(base["loss"], window)[-1]
         out["final_loss_delta"] = tail_run - tail_base if math.isfinite(tail_run - tail_base) else None
     else:
@@ -216,7 +261,8 @@ def _summary(entry: dict[str, Any], baseline: bool, speed_reasons: list[str]) ->
     """Numerics and speed in one line, each judged on its own."""
     if baseline:
         return "baseline completed" if entry["numerics"] == "pass" else "baseline failed"
-    numerics = "numerics within tolerance" if entry["numerics"] == "pass" else "numerics out of tolerance"
+    numerics = {"pass": "numerics within tolerance", "fail": "numerics out of tolerance",
+                "inconclusive": "numerics inconclusive"}[entry["numerics"]]
     speedup = entry.get("speedup")
     if speedup is None:
         speed = "speed-up not measured"
@@ -235,6 +281,8 @@ def _hardware(run: dict[str, Any], env: dict[str, Any], speedup: float | None) -
     precision, device = run["precision"], str(run.get("device", "cpu")).split(":")[0]
     cpu = env.get("cpu") or {}
     fast = cpu.get(f"fast_{precision}") if device == "cpu" else None
+    if precision.startswith("fp8") and device == "cpu":
+        fast = False  # no CPU has fp8 GEMM units: torch's CPU _scaled_mm emulates them
     slow = speedup is not None and speedup < 1.0
     if fast is not False and not slow:
         return None
@@ -248,9 +296,14 @@ def _hardware(run: dict[str, Any], env: dict[str, Any], speedup: float | None) -
     if tflops.get("fp32") and tflops.get(precision):
         facts["matmul_tflops"] = {"fp32": tflops["fp32"], precision: tflops[precision],
                                   "ratio": round(tflops[precision] / tflops["fp32"], 3)}
-    why = (f"this CPU has no fast {precision} path (ampkit env: fast {precision} no"
-           + "".join(f", {k} {'yes' if v else 'no'}" for k, v in (facts.get("flags") or {}).items()) + ")"
-           if fast is False else f"{precision} ran slower than fp32 on this {device}")
+    if precision.startswith("fp8") and device == "cpu":
+        why = ("CPUs have no fp8 GEMM units, so the fp8 layers ran on torch's emulating CPU _scaled_mm: the "
+               "numerics are fp8's, the speed is not (fp8 GEMMs need CUDA compute capability 8.9 or later)")
+    elif fast is False:
+        why = (f"this CPU has no fast {precision} path (ampkit env: fast {precision} no"
+               + "".join(f", {k} {'yes' if v else 'no'}" for k, v in (facts.get("flags") or {}).items()) + ")")
+    else:
+        why = f"{precision} ran slower than fp32 on this {device}"
     if facts.get("torch_capability"):
         why += f", torch kernels {facts['torch_capability']}"
     if "matmul_tflops" in facts:
@@ -259,3 +312,34 @@ def _hardware(run: dict[str, Any], env: dict[str, Any], speedup: float | None) -
     measured = f" (measured {speedup:.2f}x fp32)" if speedup is not None else ""
     note = f"{NO_SPEEDUP.capitalize()} for {precision}{measured}: {why}. The numerics are judged on their own."
     return {"fast_path": fast, "slower": slow, "facts": facts, "note": note}
+
+
+def _band_checks(entry: dict[str, Any], run: dict[str, Any], warmup: int, tol: Tolerances, band: Band | None,
+                 reasons: list[str], unsure: list[str]) -> list[dict[str, Any]]:
+    """The loss distance and every metric, each judged against its tolerance (and the band, if any).
+
+    A failing check's reason goes to ``reasons``, an inconclusive one's to ``unsure``; a value
+    that could not be measured was already a reason of ``_against``.
+    """
+    resolved = max(0, len(run.get("loss") or []) - warmup)
+    items: list[tuple[str, float | None, float, float | None, str]] = [
+        ("loss_distance", entry.get("loss_distance"), tol.loss, band.loss_distance if band else None,
+         "loss-curve distance")]
+    for name, item in (entry.get("metrics") or {}).items():
+        items.append((f"metric:{name}", item.get("relative_worse"), item["tolerance"],
+                      band.metrics.get(name) if band else None,
+                      f"{name} {item['value']:.4g} vs fp32 {item['baseline']:.4g}: worsening"
+                      if item.get("relative_worse") is not None else name))
+    checks = []
+    for key, value, limit, width, what in items:
+        if value is None:
+            continue
+        verdict = (band.judge(value, limit, width, resolved, what) if band is not None
+                   else judge(value, limit, band=None, k=0.0, resolved_steps=None, what=what))
+        checks.append({"check": key, "value": value, "tolerance": limit, "band": width,
+                       "k": band.k if band else None, **verdict.to_dict()})
+        if verdict.verdict == "fail":
+            reasons.append(verdict.reason)
+        elif verdict.verdict == "inconclusive":
+            unsure.append(verdict.reason)
+    return checks

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["RankInfo", "any_rank", "average_step_losses", "close", "init", "shard_batch"]
+__all__ = ["RankInfo", "any_rank", "average_step_losses", "close", "init", "mean_over_ranks", "shard_batch"]
 
 PG_TIMEOUT = datetime.timedelta(minutes=30)
 """A collective that waits longer than this fails instead of hanging (an evaluation is the longest wait)."""
@@ -90,12 +90,19 @@ def average_step_losses(records: list[dict[str, Any]], info: RankInfo) -> None:
     """
     if info.world_size == 1 or not records:
         return
-    loss = torch.tensor([r["loss"] for r in records], dtype=torch.float64, device=info.device)
     bad = torch.tensor([float(r["loss_nonfinite"]) for r in records], dtype=torch.float64, device=info.device)
-    dist.all_reduce(loss, op=dist.ReduceOp.SUM)
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    for r, total, nonfinite in zip(records, (loss / info.world_size).tolist(), bad.tolist()):
-        r["loss"], r["loss_nonfinite"] = total, nonfinite > 0
+    for r, mean, nonfinite in zip(records, mean_over_ranks([r["loss"] for r in records], info), bad.tolist()):
+        r["loss"], r["loss_nonfinite"] = mean, nonfinite > 0
+
+
+def mean_over_ranks(values: list[float], info: RankInfo) -> list[float]:
+    """Each value averaged over the ranks (one collective); the values themselves on one rank."""
+    if info.world_size == 1 or not values:
+        return list(values)
+    total = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return (total / info.world_size).tolist()
 
 
 def close() -> None:

@@ -90,10 +90,48 @@ def callouts(report: dict[str, Any]) -> list[str]:
     """What a reader must see first: each precision's verdict line, no fast path, a shrunk time budget."""
     out = [f"{c['precision']}: {c['summary']}" for c in report["comparison"] if c.get("summary") and not c["baseline"]]
     out += [c["hardware"]["note"] for c in report["comparison"] if c.get("hardware")]
+    band = band_line(report)
+    if band:
+        out.append(band)
     budget = report["protocol"].get("time_budget")
     if budget:
         out.append(budget["note"][:1].upper() + budget["note"][1:])
     return out
+
+
+def band_line(report: dict[str, Any]) -> str | None:
+    """The fp32 noise band the verdicts were judged with, in one line (None for older reports)."""
+    proto = report["protocol"].get("noise_band")
+    if not proto:
+        return None
+    if not proto["enabled"]:
+        return "No fp32 noise band (--no-noise-band): each distance is judged against its tolerance alone."
+    band = (report.get("noise") or {}).get("band") or {}
+    k = proto["k"]
+    if band.get("missing"):
+        return f"fp32 noise band not measured ({band['missing']}): distances within tolerance are inconclusive."
+    parts = [f"loss distance {_pct(band.get('loss_distance'))}"]
+    parts += [f"{name} {_pct(value)}" for name, value in (band.get("metrics") or {}).items()]
+    return (f"fp32 noise band (a second fp32 run, data seed {proto['data_seed']}): {', '.join(parts)}; "
+            f"k = {k:g}, so a pass needs k x band within the tolerance and {proto['min_resolved_steps']} steps "
+            "after warm-up.")
+
+
+def _band_definition(proto: dict[str, Any]) -> list[str]:
+    band = proto.get("noise_band") or {}
+    if not band.get("enabled"):
+        return []
+    return [f"Noise band: {band['definition']}; k = {band['k']:g}, and a pass needs at least "
+            f"{band['min_resolved_steps']} steps after warm-up."]
+
+
+def size_text(report: dict[str, Any]) -> str | None:
+    """The task size the runs used, where the task has a size ladder."""
+    size = report["protocol"].get("size")
+    if not size:
+        return None
+    info = report["task"].get("info") or {}
+    return f"size {size}" + (f" ({info['model']})" if info.get("model") else "")
 
 
 # -- Markdown ---------------------------------------------------------------------------------------
@@ -143,7 +181,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     task, proto = report["task"], report["protocol"]
     metric_names = list(task["metrics"])
     out = [f"# ampkit verify: {_md(task['name'])} — {report['verdict'].upper()}", ""]
-    out += [f"Task `{_md(task['ref'])}` on {_md(proto['device'])}, {proto['steps']} steps "
+    size = size_text(report)
+    out += [f"Task `{_md(task['ref'])}`" + (f", {_md(size)}," if size else "") + f" on {_md(proto['device'])}, "
+            f"{proto['steps']} steps "
             f"({proto['warmup']} warm-up), seed {proto['seed']}, evaluation every {proto['eval_every']} steps. "
             f"Created {_md(report['created'])} with ampkit {_md(report['ampkit_version'])}.", ""]
     out += [f"> **{_md(line)}**" if i == 0 else f">\n> {_md(line)}" for i, line in enumerate(callouts(report))]
@@ -177,6 +217,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{tol['metric']:.2%}" + (f", overrides {_md(tol['metric_overrides'])}" if tol["metric_overrides"] else "") + ".",
             f"- Skipped steps allowed: {tol['skipped']:.2%}; non-finite losses allowed: {tol['nonfinite']:.2%}"
             + (f"; minimum speed-up {tol['min_speedup']:.2f}x" if tol.get("min_speedup") else "") + ".",
+            *(f"- {_md(line)}" for line in _band_definition(proto)),
             f"- Memory: {MEMORY_DEFINITION}",
             "- Every run starts from the same initial weights (SHA-256 of the state_dict, checked) and sees the "
             "same batches in the same order (SHA-256 of the first batches, checked); throughput excludes warm-up "
@@ -208,7 +249,7 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:
 color:#222;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .meta{color:#555}.badge{display:inline-block;padding:2px 10px;border-radius:4px;font-weight:600;color:#fff}
-.pass{background:#2e7d32}.fail{background:#c62828}
+.pass{background:#2e7d32}.fail{background:#c62828}.inconclusive{background:#b26a00}
 table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #ddd;padding:4px 8px;
 text-align:left;vertical-align:top}th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .charts{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:12px}.chart svg{width:100%;height:auto}
@@ -264,6 +305,7 @@ def _definitions(proto: dict[str, Any]) -> list[str]:
         + (f", per metric {tol['metric_overrides']}" if tol["metric_overrides"] else "") + ".",
         f"Skipped steps allowed: {tol['skipped']:.2%}. Non-finite losses allowed: {tol['nonfinite']:.2%}."
         + (f" Minimum speed-up: {tol['min_speedup']:.2f}x." if tol.get("min_speedup") else ""),
+        *_band_definition(proto),
         f"Memory: {MEMORY_DEFINITION}",
         "Same initial weights (SHA-256 of the state_dict) and same batches (SHA-256 of the first batches) are "
         "checked for every run; throughput excludes the warm-up steps and the evaluations.",
@@ -298,7 +340,7 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
 <title>{_e(title)}</title><style>{_CSS}</style></head>
 <body>
 <h1>{_e(title)} <span class="badge {_e(verdict)}" id="verdict">{_e(verdict.upper())}</span></h1>
-<p class="meta">Task <code>{_e(task['ref'])}</code> · device {_e(proto['device'])} · {_e(proto['steps'])} steps
+<p class="meta">Task <code>{_e(task['ref'])}</code>{f" · {_e(size_text(report))}" if size_text(report) else ""} · device {_e(proto['device'])} · {_e(proto['steps'])} steps
 ({_e(proto['warmup'])} warm-up) · seed {_e(proto['seed'])} · eval every {_e(proto['eval_every'])} steps ·
 {_e(report['created'])} · ampkit {_e(report['ampkit_version'])}</p>
 {"".join(f'<p class="callout">{_e(line)}</p>' for line in callouts(report))}
@@ -383,6 +425,6 @@ def summary_table(report: dict[str, Any]) -> Any:
             _ratio(c.get("speedup")), _ratio(c.get("memory_ratio")), "; ".join(c.get("reasons", []) + c.get("notes", [])),
         ]
         row = [Text(x) for x in cells]
-        row.insert(1, Text(verdict.upper(), style="green" if verdict == "pass" else "bold red"))
+        row.insert(1, Text(verdict.upper(), style={"pass": "green", "inconclusive": "bold yellow"}.get(verdict, "bold red")))
         table.add_row(*row)
     return table

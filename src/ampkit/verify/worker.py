@@ -143,7 +143,6 @@ def _configure(device: torch.device) -> dict[str, Any]:
 
 
 def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) -> None:
-    from ampkit.mixed_precision import MixedPrecision
     from ampkit.tasks import load_task
     from ampkit.verify import ranks
 
@@ -155,25 +154,21 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
     steps, warmup, seed, eval_every = spec["steps"], spec["warmup"], spec["seed"], spec["eval_every"]
     result["settings"] = _configure(device)
     task = load_task(spec["task"])
+    if spec.get("size"):
+        task = task.resized(spec["size"])  # type: ignore[attr-defined]  # a rung of the task's ladder
     emit(phase="setup", precision=spec["precision"])
     baseline_rss = _rss_bytes()
     _seed_everything(seed)
     model = task.build_model(seed)
     result["init_sha256"] = state_sha256(model)
-    result["data_sha256"] = data_sha256(task, seed, device, min(steps, DATA_HASH_BATCHES))
+    data_seed = spec.get("data_seed", seed)  # the noise run's own data order (ampkit.verify.noise)
+    result["data_sha256"] = data_sha256(task, data_seed, device, min(steps, DATA_HASH_BATCHES))
     model.to(device)
-    optimizer = task.build_optimizer(model)
     recorder = StepLog(steps)
     live["recorder"] = recorder  # lets run() keep the steps recorded before a crash
-    mp = MixedPrecision(spec["precision"], device=device, telemetry=recorder.telemetry,
-                        clip_grad_norm=getattr(task, "clip_grad_norm", None))
-    train_model = _wrap_ddp(model, device) if spec.get("distributed") else model
-    mp.prepare(train_model)
-    if spec.get("distributed"):
-        from ampkit.distributed import setup
-
-        setup(mp)  # same configuration on every rank (checked) and the same skip decision
-    stream = iter(task.batches(seed, device))
+    mp, model, train_model, optimizer = _engine(spec, task, model, recorder, device)
+    stream = iter(task.batches(data_seed, device))
+    shadow = _ShadowLoss(task, spec["shadow_seed"], device, info) if spec.get("shadow_seed") is not None else None
     clock = _Stopwatch(device)
     history: list[dict[str, Any]] = []
     result["eval_history"] = history
@@ -182,6 +177,8 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
         if step == warmup:
             clock.start()
         batch = ranks.shard_batch(next(stream), info, task.samples_per_batch)
+        if shadow is not None:
+            shadow.read(model, mp)
         with mp.no_sync(train_model):  # DDP's no_sync covers the forward and the backward
             with mp.autocast():
                 loss = task.loss(train_model, batch)
@@ -201,6 +198,57 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
                 clock.start()
     clock.stop()
     _finish(spec, task, recorder, history, clock, result, device, baseline_rss, info)
+    if shadow is not None:
+        result["shadow_loss"] = shadow.values()
+
+
+class _ShadowLoss:
+    """The noise run's loss on the baseline's batch of each step, read before the step (no gradients).
+
+    The baseline records its loss on the same batch before its own update, so the two curves are
+    read on the same data.  The losses stay on the device until ``values()`` (one copy at the
+    end); each read is one forward, inside the timed region, but the noise run's speed is not
+    reported.  The bare module is used: no DDP collectives in a forward without backward.
+    """
+
+    def __init__(self, task: Any, seed: int, device: torch.device, info: Any) -> None:
+        from ampkit.verify import ranks
+
+        self._task, self._info, self._shard = task, info, ranks.shard_batch
+        self._stream = iter(task.batches(seed, device))
+        self._losses: list[torch.Tensor] = []
+
+    def read(self, model: torch.nn.Module, mp: Any) -> None:
+        batch = self._shard(next(self._stream), self._info, self._task.samples_per_batch)
+        with torch.no_grad(), mp.autocast():
+            self._losses.append(self._task.loss(model, batch).detach().float())
+
+    def values(self) -> list[float | None]:
+        from ampkit.verify.ranks import mean_over_ranks
+
+        if not self._losses:
+            return []
+        mean = mean_over_ranks(torch.stack(self._losses).double().tolist(), self._info)
+        return [to_json(v, NONFINITE_AS_NULL) for v in mean]
+
+
+def _engine(spec: dict[str, Any], task: Any, model: torch.nn.Module, recorder: StepLog,
+            device: torch.device) -> tuple[Any, torch.nn.Module, torch.nn.Module, torch.optim.Optimizer]:
+    """The engine, the model it prepared, the model to train (DDP under torchrun) and the optimizer."""
+    from ampkit.mixed_precision import MixedPrecision
+
+    mp = MixedPrecision(spec["precision"], device=device, telemetry=recorder.telemetry,
+                        clip_grad_norm=getattr(task, "clip_grad_norm", None))
+    # prepare() before DDP and before the optimizer: fp8 swaps the Linear layers for torchao's
+    # (maybe a new root object), and DDP and the optimizer must see the modules that train.
+    model = mp.prepare(model)
+    optimizer = task.build_optimizer(model)
+    train_model = _wrap_ddp(model, device) if spec.get("distributed") else model
+    if spec.get("distributed"):
+        from ampkit.distributed import setup
+
+        setup(mp)  # same configuration on every rank (checked) and the same skip decision
+    return mp, model, train_model, optimizer
 
 
 def _wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

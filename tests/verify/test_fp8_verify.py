@@ -1,0 +1,32 @@
+"""`ampkit verify --precisions fp8,fp8-rowwise` on CPU: real torchao float8 layers in the workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import torch
+
+from ampkit.verify.harness import default_precisions
+from ampkit.verify.report import load_schema
+from tests.verify.verify_helpers import task_ref, verify
+
+
+def test_verify_runs_both_fp8_recipes_and_notes_the_cpu_emulation(tmp_path: Path) -> None:
+    job = verify(tmp_path, task_ref("Regression"), "--precisions", "fp32,fp8,fp8-rowwise", "--seed", "7")
+    report = job.report
+    assert report["protocol"]["precisions"] == ["fp32", "fp8", "fp8-rowwise"]
+    for precision in ("fp8", "fp8-rowwise"):
+        run = job.run(precision)
+        assert run["status"] == "ok" and len(run["loss"]) == 40, run.get("log_tail")
+        assert run["init_sha256"] == job.run("fp32")["init_sha256"]  # converted after hashing the fp32 weights
+        entry = job.comparison(precision)
+        assert entry["verdict"] != "fail", entry["reasons"]
+        assert entry["hardware"]["fast_path"] is False
+        assert "CPUs have no fp8 GEMM units" in entry["hardware"]["note"]
+    assert job.run("fp8")["loss"] != job.run("fp8-rowwise")["loss"]  # two recipes, two roundings
+    jsonschema.validate(report, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_fp8_is_never_in_the_default_set_on_cpu() -> None:
+    assert "fp8" not in default_precisions(torch.device("cpu"))
