@@ -6,16 +6,19 @@ Steps are interleaved (engine, recipe, recipe, engine, ...) so drift in machine 
 alike, with Python's garbage collector paused while they run so that neither arm pays for the
 other's garbage.  Printed per recipe: the quartiles (q1 / median / q3) of each arm's step over
 the steps after warm-up, ``ratio`` = median(engine) / median(recipe), and ``paired`` = the median
-of the per-step ratios engine[i] / recipe[i] (the two steps of a pair run back to back, on the
-same batch, so it is the estimate least moved by load that changes between pairs).  The target
-is a ratio of at most 1.01: without a loss scaler the engine reads its non-finite check off the
-clip's norm, so all it adds to torchao's own work is a few scalar kernels and Python bookkeeping.
+of the per-step ratios engine[i] / recipe[i] (the two steps of a pair run back to back on the
+same batch).  The target is a ratio of at most 1.01: without a loss scaler the engine reads its
+non-finite check off the clip's norm, so all it adds to torchao's work is a few scalar kernels
+and Python bookkeeping (about 15 us a step).
 
-One torch thread by default: on a machine shared with other work, a step on several threads
-waits at OpenMP's barriers for whichever core another process holds and slows by up to 100x,
-which no ratio survives.  The default of 200 timed steps takes about a minute for both recipes.
+Made for a machine shared with other work.  One torch thread by default: a step on several
+threads waits at OpenMP's barriers for whichever core another process holds and slows by up to
+100x.  The CPU time the process ran by default (``--clock wall`` for elapsed time): it leaves out
+the time other processes hold the core, which otherwise swings the median by a few percent
+between runs.  The default of 400 timed steps takes about 50 s for both recipes.
 
-    python benchmarks/bench_fp8.py [--steps 200] [--warmup 10] [--precisions fp8,fp8-rowwise] [--threads 1]
+    python benchmarks/bench_fp8.py [--steps 400] [--warmup 10] [--precisions fp8,fp8-rowwise]
+                                   [--threads 1] [--clock cpu|wall]
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import argparse
 import copy
 import gc
 import statistics
+import time
 import warnings
+from collections.abc import Callable
 
 import torch
 from bench_engine import engine_step, interleaved_times
@@ -36,6 +41,7 @@ from ampkit.tasks.gpt import GPT, GPTConfig
 # CPU fp8 runs on torch's CPU _scaled_mm: a small GPT keeps the run to a minute.
 CONFIG, BATCH = GPTConfig(n_layer=2, n_head=4, d_model=128, block_size=64), 4
 RECIPES = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
 def recipe_step(model, opt, x, y, clip):
@@ -48,7 +54,8 @@ def recipe_step(model, opt, x, y, clip):
     opt.zero_grad(set_to_none=True)
 
 
-def bench(precision: str, steps: int, warmup: int) -> tuple[list[float], list[float], int]:
+def bench(precision: str, steps: int, warmup: int, clock: Callable[[], float] = time.process_time,
+          ) -> tuple[list[float], list[float], int]:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     torch.manual_seed(0)
@@ -68,7 +75,7 @@ def bench(precision: str, steps: int, warmup: int) -> tuple[list[float], list[fl
         times = interleaved_times({
             "engine": lambda i: engine_step(m_engine, opt_e, mp, data[i, :, :-1], data[i, :, 1:]),
             "recipe": lambda i: recipe_step(m_recipe, opt_r, data[i, :, :-1], data[i, :, 1:], 1.0),
-        }, steps, warmup)
+        }, steps, warmup, clock=clock)
     finally:
         gc.enable()
     t_engine, t_recipe = times["engine"], times["recipe"]
@@ -82,20 +89,22 @@ def _quartiles(times: list[float]) -> tuple[float, float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=200, help="timed steps per loop (after warm-up)")
+    ap.add_argument("--steps", type=int, default=400, help="timed steps per loop (after warm-up)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--precisions", default="fp8,fp8-rowwise")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                    help="cpu: the CPU time this process ran, all its threads (default); wall: elapsed time")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} timed steps each, "
           f"GPT d_model={CONFIG.d_model} n_layer={CONFIG.n_layer} batch={BATCH}x{CONFIG.block_size}, "
-          "clip_grad_norm=1.0, AdamW(fused=True)")
+          f"clip_grad_norm=1.0, AdamW(fused=True), {args.clock} clock")
     print(f"{'precision':<13}{'layers':>7}{'engine ms (q1 / median / q3)':>32}{'recipe ms (q1 / median / q3)':>32}"
           f"{'ratio':>8}{'paired':>8}")
     for precision in args.precisions.split(","):
-        t_engine, t_recipe, layers = bench(precision, args.steps, args.warmup)
+        t_engine, t_recipe, layers = bench(precision, args.steps, args.warmup, CLOCKS[args.clock])
         e, r = (" / ".join(f"{v:.2f}" for v in _quartiles(t)) for t in (t_engine, t_recipe))
         ratio = statistics.median(t_engine) / statistics.median(t_recipe)
         paired = statistics.median(a / b for a, b in zip(t_engine, t_recipe))
