@@ -84,3 +84,68 @@ def test_engine_skipped_steps_leave_everything_untouched(precision, optimizer, b
         else:
             assert result.applied
             assert not states_equal(before[0], after[0]), f"applied step {step} did not change the weights"
+
+
+def _step_with_grad(mp: ampkit.MixedPrecision, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                    value: float | None) -> ampkit.StepResult:
+    """One step whose ``fc1.weight`` gradient element 0 is set to ``value`` (None: untouched)."""
+    x, y = make_batches(1, seed=3)[0]
+    with mp.autocast():
+        loss = F.cross_entropy(model(x).float(), y)
+    mp.backward(loss)
+    if value is not None:
+        model.fc1.weight.grad.view(-1)[0] = value
+    return mp.step(opt)
+
+
+def test_engine_without_scaler_reads_found_inf_off_the_norm_in_one_pass(monkeypatch) -> None:
+    calls = []
+    unscale = torch._amp_foreach_non_finite_check_and_unscale_
+    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_",
+                        lambda *a: calls.append(1) or unscale(*a))
+    for clip in (1.0, None):
+        torch.manual_seed(0)
+        model = TinyNet()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        mp = ampkit.MixedPrecision("bf16", device="cpu", clip_grad_norm=clip)
+        mp.prepare(model)
+        assert _step_with_grad(mp, model, opt, None).applied
+        before = snapshot(model, opt)
+        assert _step_with_grad(mp, model, opt, float("nan")).skipped, f"clip_grad_norm={clip}"
+        assert untouched(before, snapshot(model, opt))
+    assert calls == [], "without a loss scaler the clip's norm is the non-finite check: no second pass"
+
+
+def test_engine_without_scaler_keeps_a_verdict_per_optimizer() -> None:
+    torch.manual_seed(0)
+    model = TinyNet()
+    opt_1 = torch.optim.SGD([model.fc1.weight, model.fc1.bias], lr=0.1)
+    opt_2 = torch.optim.SGD([p for n, p in model.named_parameters() if not n.startswith("fc1.")], lr=0.1)
+    mp = ampkit.MixedPrecision("bf16", device="cpu")
+    mp.prepare(model)
+    w_1, w_2 = model.fc1.weight.clone(), model.fc2.weight.clone()
+    x, y = make_batches(1, seed=3)[0]
+    with mp.autocast():
+        loss = F.cross_entropy(model(x).float(), y)
+    mp.backward(loss)
+    model.fc1.weight.grad.view(-1)[0] = float("inf")
+    result = mp.step([opt_1, opt_2])
+    assert result.skipped
+    assert torch.equal(model.fc1.weight, w_1), "the optimizer with the inf gradient skips"
+    assert not torch.equal(model.fc2.weight, w_2), "the other one still steps"
+
+
+def test_engine_fp16_params_without_scaler_apply_a_step_whose_norm_overflows_fp16() -> None:
+    # fp16 gradients whose norm (above 65504) overflows while every element is finite: the norm is not
+    # the check there, and the step is applied.
+    torch.manual_seed(0)
+    model = TinyNet().half()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mp = ampkit.MixedPrecision("fp32", device="cpu", scaler="none")
+    mp.prepare(model)
+    x, y = make_batches(1, seed=3)[0]
+    mp.backward(F.cross_entropy(model(x.half()).float(), y))
+    model.fc1.weight.grad.fill_(60000.0)
+    result = mp.step(opt)
+    assert result.grad_norm is not None and not torch.isfinite(result.grad_norm)
+    assert result.applied

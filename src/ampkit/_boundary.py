@@ -10,6 +10,8 @@ where the recipe fails or goes wrong:
   unscaled tensor must be the one the optimizer reads.
 - ``clip_or_norm``: the recipe's ``clip_grad_norm_`` call, or the norm alone without clipping
   (sparse gradients included); clipping sparse gradients is refused, as torch cannot.
+- ``found_inf_from_norm``: without a loss scaler, the non-finite check read off that norm
+  (``checks_by_norm`` says when it is exact), instead of a second pass over the gradients.
 - ``step_or_skip``: ``optimizer.step()`` unless ``found_inf`` says skip.  Optimizers with
   ``_step_supports_amp_scaling`` get ``grad_scale`` and ``found_inf`` set for their step, as
   under ``GradScaler``; those whose ``step`` is torch's own (the fused kernels) skip by
@@ -19,7 +21,8 @@ where the recipe fails or goes wrong:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,7 +30,28 @@ from torch import nn
 from ampkit._util.dtensor import local_shard
 from ampkit._util.grads import global_grad_norm
 
-__all__ = ["clip_or_norm", "grads_to_unscale", "skips_by_itself", "step_or_skip"]
+__all__ = [
+    "as_optimizers",
+    "checks_by_norm",
+    "clip_or_norm",
+    "found_inf_from_norm",
+    "grads_to_unscale",
+    "skips_by_itself",
+    "step_or_skip",
+]
+
+# Dtypes whose norms overflow only where fp32 does, far above any trainable gradient norm.
+_FP32_RANGE = (torch.float32, torch.bfloat16, torch.float64)
+
+
+def as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
+    """``mp.step``'s argument as a list of optimizers; raise ``TypeError`` for anything else."""
+    if isinstance(optimizers, torch.optim.Optimizer):
+        return [optimizers]
+    opts = list(optimizers) if isinstance(optimizers, Iterable) else []
+    if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+        raise TypeError(f"mp.step() takes a torch.optim.Optimizer or a list of them, got {optimizers!r}")
+    return opts
 
 
 def grads_to_unscale(opt: torch.optim.Optimizer, *, local: bool) -> list[torch.Tensor]:
@@ -69,6 +93,32 @@ def clip_or_norm(
             raise
         # The norm fails before any gradient is multiplied: nothing was clipped.
         raise NotImplementedError(_sparse_clip_message(sparse[0], max_norm, models)) from exc
+
+
+def checks_by_norm(params: Iterable[torch.Tensor]) -> bool:
+    """Whether the global norm of these parameters' gradients is non-finite exactly when one of them is.
+
+    An inf or NaN gradient element makes the norm inf or NaN.  The converse needs a dtype whose
+    norm cannot overflow while its elements are finite: fp32, bf16 and fp64 overflow only above a
+    norm of about 1.8e19 (the square's fp32 limit), where clipping would multiply every gradient
+    by max_norm / inf = 0 anyway; fp16 (norm above 65504) and DTensor shards (a norm that needs a
+    collective) keep the separate check.
+    """
+    return all(p.dtype in _FP32_RANGE and not hasattr(p, "to_local") for p in params)
+
+
+def found_inf_from_norm(norm: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """``found_inf`` read off the global gradient norm: 1.0 when it is inf or NaN, else 0.0 (no host sync).
+
+    Two scalar kernels; ``None`` (no gradient at all) is a fresh 0.0.
+
+    >>> cpu = torch.device("cpu")
+    >>> found_inf_from_norm(torch.tensor(float("nan")), cpu), found_inf_from_norm(None, cpu)
+    (tensor(1.), tensor(0.))
+    """
+    if norm is None:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.isfinite(norm).logical_not().to(device=device, dtype=torch.float32)
 
 
 def _sparse_clip_message(p: torch.Tensor, max_norm: float, models: Sequence[nn.Module]) -> str:

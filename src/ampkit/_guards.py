@@ -19,7 +19,7 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 
-__all__ = ["check_amp_step", "check_eps", "check_param"]
+__all__ = ["check_amp_step", "check_eps", "check_optimizer", "check_param"]
 
 
 def check_param(p: torch.Tensor, *, where: str, device: torch.device, scaled: bool) -> None:
@@ -43,6 +43,18 @@ def check_param(p: torch.Tensor, *, where: str, device: torch.device, scaled: bo
             "overflows. Keep the model in fp32 (drop model.half() / .to(torch.float16)) and let "
             "mp.autocast() run the math in fp16 (ampkit finding LOW_PRECISION_PARAMS)"
         )
+
+
+def check_optimizer(opt: torch.optim.Optimizer, *, device: torch.device, scaled: bool) -> None:
+    """Raise when ``opt`` cannot be stepped by an engine: its ``step`` signature, each parameter, each ``eps``."""
+    check_amp_step(opt)
+    where = f"{type(opt).__name__} param_groups"
+    for group in opt.param_groups:
+        for p in group["params"]:
+            check_param(p, where=where, device=device, scaled=scaled)
+        eps = group.get("eps")
+        if isinstance(eps, float):
+            check_eps(opt, eps, {p.dtype for p in group["params"]})
 
 
 def check_eps(opt: torch.optim.Optimizer, eps: float, dtypes: set[torch.dtype]) -> None:
