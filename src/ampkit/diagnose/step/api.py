@@ -386,7 +386,7 @@ class _Diagnosis:
         outcomes.append("finite gradients")
         text = (f"Verified fix: MixedPrecision(..., {how}={outcome.keep_fp32!r}) — re-running this step with "
                 f"it gives {', '.join(outcomes[:-1])}{' and ' if len(outcomes) > 1 else ''}{outcomes[-1]}.")
-        ids = {id(f) for f in fixable}
+        ids = {id(f) for f in fixable if f.code != "FP8_FLUSH" or f.module in outcome.keep_fp32}
         self.findings = [dataclasses.replace(f, fix=f"{text}{_alternative(f.fix)}",
                                              evidence={**f.evidence, "verified_fix": verified})
                          if id(f) in ids else f for f in self.findings]

@@ -155,6 +155,7 @@ def flush_findings(table: dict[str, dict[str, dict[str, Any]]], *, precision: st
     rule = THRESHOLDS["FP8_FLUSH"]
     worst = [(layer, *max(ops.items(), key=lambda kv: kv[1]["flush_fraction"])) for layer, ops in table.items()]
     flagged, borderline = rule.pick(worst, lambda row: row[2]["flush_fraction"])
+    flagged.sort(key=lambda row: -row[2]["flush_fraction"])  # the worst layer first: the bisection tries it first
     findings = []
     for layer, operand, e in flagged[:8]:
         frac = e["flush_fraction"]
