@@ -63,6 +63,8 @@ CODES: dict[str, Severity] = {
     "PRECISION_LOSS": "warning",
     "MIXED_PRECISION_OFF": "warning",
     "COMPILED_DIVERGENCE": "warning",
+    "FP8_FLUSH": "warning",
+    "SLOW_FP8_GEMM": "warning",
 }
 
 

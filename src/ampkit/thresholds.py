@@ -1,9 +1,10 @@
 """Thresholded verdicts that do not flip with the machine: each rule's threshold and borderline band.
 
-Four findings are decided by comparing one measured number with a threshold: PRECISION_LOSS
+Several findings are decided by comparing one measured number with a threshold: PRECISION_LOSS
 (an output's SQNR against fp32), GRADIENT_UNDERFLOW (the share of a module's gradient entries
 flushed to zero), SCALE_COLLAPSE of a script's scaler (the share of the run's second half that
-was still skipped) and SLOW_LOW_PRECISION (the low precision's matmul throughput over fp32's).
+was still skipped), SLOW_LOW_PRECISION (the low precision's matmul throughput over fp32's), and for fp8
+models PRECISION_LOSS_FP8, FP8_FLUSH (an operand's share flushed to zero) and SLOW_FP8_GEMM.
 The number depends on the CPU's kernels (accumulation order, fused or emulated bf16/fp16) and,
 for a timing, on what else the machine runs.  A value a hair from the threshold would then be a
 warning on one CPU and absent on another, although nothing about the user's code differs.
@@ -116,6 +117,12 @@ THRESHOLDS: dict[str, Threshold] = {
                                 reports_when="above", margin=0.1),
     "SLOW_LOW_PRECISION": Threshold(code="SLOW_LOW_PRECISION", metric="ratio_vs_fp32", threshold=0.9,
                                     reports_when="below", margin=0.12, relative=True),
+    "PRECISION_LOSS_FP8": Threshold(code="PRECISION_LOSS", metric="sqnr_db", threshold=12.0, reports_when="below",
+                                    margin=1.5, unit="dB"),
+    "FP8_FLUSH": Threshold(code="FP8_FLUSH", metric="flush_fraction", threshold=0.01, reports_when="above",
+                           margin=0.005),
+    "SLOW_FP8_GEMM": Threshold(code="SLOW_FP8_GEMM", metric="ratio_vs_bf16", threshold=0.9, reports_when="below",
+                               margin=0.12, relative=True),
 }
 """The rules, one per code (docs/findings.md lists the same table).
 
@@ -123,7 +130,13 @@ Why these margins: 1.5 dB is a 19 % change in the error's RMS, more than the dif
 kernels of another ISA make to one step's SQNR, yet small next to a real loss (the corpus's
 culprits sit 10-40 dB under the threshold); half a percentage point of flushed share and a tenth of
 the late skip share are a few entries or steps decided under rounding; 12 % of the speed ratio
-(0.79-1.01) is the spread of a 512×512 matmul timing on a loaded 2-core machine."""
+(0.79-1.01) is the spread of a 512×512 matmul timing on a loaded 2-core machine.
+
+``PRECISION_LOSS_FP8`` is PRECISION_LOSS's rule for an fp8 model: e4m3 keeps 3 mantissa bits, so
+one cast alone is about 30 dB and a healthy fp8 GEMM output 20-28 dB from fp32 (e5m2 gradients
+less); 12 dB (an error of a quarter of the signal) is a loss no rounding explains.  ``FP8_FLUSH``
+uses the telemetry alarm's level: a healthy operand flushes about 1e-5 of its values, 1 % needs
+outliers thousands of standard deviations out.  ``SLOW_FP8_GEMM`` has SLOW_LOW_PRECISION's band."""
 
 
 def is_borderline(finding: Finding | dict[str, Any]) -> bool:

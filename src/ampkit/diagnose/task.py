@@ -7,7 +7,8 @@ diagnosis:
    headroom), at the scale the engine would use;
 2. trains ``steps`` steps with ``MixedPrecision(precision, doctor=True)``, so any step that is
    skipped or goes non-finite later is replayed and diagnosed (``ampkit.diagnose.live.doctor``);
-3. measures whether the precision is slower than fp32 here (SLOW_LOW_PRECISION).
+3. measures whether the precision is slower than fp32 here (SLOW_LOW_PRECISION), and for fp8 whether
+   its GEMM is slower than bf16's (SLOW_FP8_GEMM).
 
 Findings repeated across steps are merged into one (``evidence.steps`` lists them).
 """
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from ampkit.diagnose.core.display import sort_findings
-from ampkit.diagnose.core.perf import low_precision_speed
+from ampkit.diagnose.core.perf import fp8_gemm_speed, low_precision_speed
 from ampkit.diagnose.step.api import diagnose_step
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.env import collect_environment
@@ -62,7 +63,7 @@ def diagnose_task(task: Any, precision: str | Precision = "auto", *, steps: int 
     model = task.build_model(seed).to(dev)
     optimizer = task.build_optimizer(model)
     mp = MixedPrecision(prec, device=dev, doctor=True)
-    mp.prepare(model)
+    model = mp.prepare(model)  # fp8: Float8Linear layers, which the step doctor diagnoses as fp8
     batches = iter(task.batches(seed, dev))
     first = next(batches, None)
     if first is None:
@@ -89,9 +90,9 @@ def diagnose_task(task: Any, precision: str | Precision = "auto", *, steps: int 
     findings.extend(mp.doctor.findings)
     mp.doctor.close()
     if check_speed:
-        slow = low_precision_speed(prec)
-        if slow is not None:
-            findings.append(slow)
+        for slow in (low_precision_speed(prec), fp8_gemm_speed(prec)):
+            if slow is not None:
+                findings.append(slow)
     result.findings = collapse_repeated_findings(findings)
     result.environment = {**collect_environment(dev), "task": getattr(task, "name", type(task).__name__),
                           "steps": steps, "seed": seed}

@@ -4,8 +4,8 @@ The records of sampled steps carry ``fp8_flush_fraction`` per layer and operand 
 ``fp8stats``).  The monitor keeps, per (layer, operand), the last ``window`` sampled fractions and
 fires when the newest one is above ``max_fraction`` *and* at least ``factor`` times the lowest of
 the previous ones (at least ``min_history`` of them).  It fires once per (layer, operand) and
-re-arms when that operand's fraction falls back to ``max_fraction`` or below.  No finding code:
-the doctor's fp8 findings are not built yet.  Evaluated on the host at flush time (no sync).
+re-arms when that operand's fraction falls back to ``max_fraction`` or below.  The doctor reports
+the same problem of one replayed step as the finding FP8_FLUSH.  Evaluated on the host at flush time (no sync).
 
 >>> monitor = Fp8FlushAlarm().monitor()
 >>> events = [monitor.observe({"step": s, "rank": 0, "fp8_flush_fraction": {"0": {"input": f}}})

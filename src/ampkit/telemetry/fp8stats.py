@@ -54,7 +54,7 @@ from torch import nn
 from ampkit.fp8 import is_float8_linear
 
 __all__ = ["DEFAULT_EVERY", "OPERANDS", "CastSpec", "Fp8Stats", "cast_specs", "fp8_fields", "fp8_scale",
-           "operand_stats"]
+           "operand_matrix", "operand_stats", "rowwise_specs", "seen_input", "spec_scale"]
 
 OPERANDS = ("input", "weight", "grad_output")
 DEFAULT_EVERY = 100
@@ -106,6 +106,30 @@ def fp8_scale(amax: torch.Tensor, dtype: torch.dtype, *, pow2: bool = False) -> 
     return torch.exp2(torch.floor(torch.log2(scale))) if pow2 else scale
 
 
+def rowwise_specs(operand: str) -> tuple[CastSpec, ...]:
+    """The casts torchao's ``rowwise`` recipe makes of ``operand``: e4m3, per row, power-of-2 scales
+    (what ``fp8-rowwise`` would do to an operand a tensorwise run cast)."""
+    return tuple(CastSpec(torch.float8_e4m3fn, dim, True) for _, dim in _USES[operand])
+
+
+def spec_scale(ax: torch.Tensor, spec: CastSpec) -> torch.Tensor:
+    """The scale torchao's cast ``spec`` applies to the 2-D operand whose magnitudes are ``ax``
+    (one per tensor, or per row/column for a rowwise spec, broadcastable against ``ax``)."""
+    amax = ax.max() if spec.dim is None else ax.amax(dim=spec.dim, keepdim=True)
+    return fp8_scale(amax, spec.dtype, pow2=spec.pow2)
+
+
+def operand_matrix(operand: str, x: torch.Tensor) -> torch.Tensor:
+    """The 2-D matrix torchao casts for ``operand``: ``input``/``grad_output`` flattened to rows, ``weight.t()``."""
+    return x.t() if operand == "weight" else x.reshape(-1, x.shape[-1])
+
+
+def seen_input(x: torch.Tensor) -> torch.Tensor:
+    """The input as ``Float8Linear.forward`` casts it: to the CUDA autocast dtype when that autocast is on
+    (torchao tests ``torch.is_autocast_enabled()``, which is CUDA's; CPU autocast leaves it as it is)."""
+    return x.to(torch.get_autocast_dtype("cuda")) if torch.is_autocast_enabled("cuda") else x
+
+
 @torch.no_grad()
 def operand_stats(x: torch.Tensor, specs: Sequence[CastSpec]) -> torch.Tensor:
     """``[amax, flushed, non-zero]`` of the 2-D operand ``x`` under ``specs`` (float64, on ``x``'s device).
@@ -118,8 +142,7 @@ def operand_stats(x: torch.Tensor, specs: Sequence[CastSpec]) -> torch.Tensor:
     zeros = torch.eq(ax, 0).sum()
     flushed: torch.Tensor | None = None
     for spec in specs:
-        amax = ax.max() if spec.dim is None else ax.amax(dim=spec.dim, keepdim=True)
-        bits = (ax.to(torch.float32) * fp8_scale(amax, spec.dtype, pow2=spec.pow2)).to(spec.dtype)
+        bits = (ax.to(torch.float32) * spec_scale(ax, spec)).to(spec.dtype)
         zero = torch.eq(bits.view(torch.uint8), 0)
         flushed = zero if flushed is None else flushed.logical_or_(zero)
     lost = torch.zeros_like(zeros) if flushed is None else flushed.sum() - zeros
@@ -181,7 +204,7 @@ class Fp8Stats:
         specs = self._specs[i][op]
         if not specs or type(x) not in (torch.Tensor, nn.Parameter) or not x.is_floating_point():
             return  # not cast by the recipe, or already fp8 / a DTensor (FSDP2 fp8 all-gather, tensor parallel)
-        stats = operand_stats(x.reshape(-1, x.shape[-1]) if op != 1 else x.t(), specs).to(self.dtype)
+        stats = operand_stats(operand_matrix(OPERANDS[op], x), specs).to(self.dtype)
         row = self._acc[i, op]
         row[:1].copy_(torch.maximum(row[:1], stats[:1]))  # NaN propagates, as in torchao's amax
         row[1:].add_(stats[1:])
@@ -190,10 +213,7 @@ class Fp8Stats:
     def _on_input(self, i: int, module: nn.Module, args: tuple[Any, ...]) -> None:
         if not args or not isinstance(args[0], torch.Tensor) or not self.sampled():
             return
-        x = args[0]
-        if torch.is_autocast_enabled("cuda"):  # Float8Linear.forward: torch.is_autocast_enabled(), i.e. CUDA's
-            x = x.to(torch.get_autocast_dtype("cuda"))
-        self._add(i, 0, x)
+        self._add(i, 0, seen_input(args[0]))
         if i not in self._weights_done:
             self._weights_done.add(i)
             weight = module.weight

@@ -1,4 +1,5 @@
-"""SLOW_LOW_PRECISION: low precision that is slower than fp32 on this device, measured.
+"""SLOW_LOW_PRECISION: low precision that is slower than fp32 on this device, measured (and
+SLOW_FP8_GEMM: an fp8 GEMM slower than bf16, ``fp8_gemm_speed``).
 
 ``ampkit._util.speed.matmul_tflops`` times a square matmul per dtype, interleaved (each round
 times every dtype back to back), median of the rounds.  A CPU without fp16 units emulates
@@ -23,12 +24,12 @@ import statistics
 import torch
 
 from ampkit._util.dtypes import dtype_name
-from ampkit._util.speed import matmul_samples
+from ampkit._util.speed import fp8_gemm_samples, matmul_samples
 from ampkit.findings import Finding
 from ampkit.precision import Precision
 from ampkit.thresholds import THRESHOLDS, Outcome, Threshold, as_borderline
 
-__all__ = ["EXTRA_ROUNDS", "MIN_SAMPLE_S", "SLOW_RATIO", "low_precision_speed", "speed_outcome"]
+__all__ = ["EXTRA_ROUNDS", "MIN_SAMPLE_S", "SLOW_RATIO", "fp8_gemm_speed", "low_precision_speed", "speed_outcome"]
 
 SLOW_RATIO = THRESHOLDS["SLOW_LOW_PRECISION"].threshold
 """Report when the precision's matmul throughput is below this fraction of fp32's (beyond the band)."""
@@ -87,3 +88,49 @@ def speed_outcome(samples: dict[torch.dtype, list[float]], dtype: torch.dtype, r
     """
     ratio = statistics.median(samples[dtype]) / statistics.median(samples[torch.float32])
     return ratio, rule.judge(ratio)
+
+
+def fp8_gemm_speed(precision: str | Precision, device: str | torch.device | None = None, *, n: int = 512,
+                   rounds: int = 3) -> Finding | None:
+    """SLOW_FP8_GEMM when the fp8 GEMM (``torch._scaled_mm``, e4m3) is measurably slower than a bf16 matmul here.
+
+    The same robust measurement as SLOW_LOW_PRECISION (interleaved rounds, samples of at least
+    ``MIN_SAMPLE_S``, ``EXTRA_ROUNDS`` more inside the band), against bf16: the precision fp8 training
+    falls back to.  Severity: a warning on a GPU with fp8 GEMMs, where fp8 is meant to be faster; info
+    on a CPU or an emulating GPU, where fp8 runs to check its numerics and is expected to be slower.
+    None for a precision that is not fp8, or a fast enough fp8.
+    """
+    from ampkit.fp8 import FP8_GEMM_CAPABILITY
+
+    prec = precision if isinstance(precision, Precision) else Precision.parse(precision, device or "auto")
+    if not prec.is_fp8:
+        return None
+    rule = THRESHOLDS["SLOW_FP8_GEMM"]
+    samples = fp8_gemm_samples(prec.device, n=n, rounds=rounds, min_time_s=MIN_SAMPLE_S)
+    ratio = statistics.median(samples["fp8"]) / statistics.median(samples["bf16"])
+    if rule.judge(ratio) == "borderline":
+        more = fp8_gemm_samples(prec.device, n=n, rounds=EXTRA_ROUNDS, min_time_s=MIN_SAMPLE_S)
+        samples = {k: samples[k] + more[k] for k in samples}
+        ratio = statistics.median(samples["fp8"]) / statistics.median(samples["bf16"])
+    outcome = rule.judge(ratio)
+    if outcome == "clear":
+        return None
+    dev = prec.device
+    native = dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= FP8_GEMM_CAPABILITY
+    where = (f"{dev}, which has fp8 GEMMs" if native else
+             "the CPU (torch's CPU _scaled_mm, no fp8 matrix units)" if dev.type != "cuda" else
+             f"{dev}, below compute capability 8.9 (torchao emulates fp8)")
+    tflops = {k: statistics.median(v) for k, v in samples.items()}
+    finding = Finding(
+        code="SLOW_FP8_GEMM", severity="warning" if native else "info",
+        message=(f"an fp8 GEMM ({n}x{n}, e4m3 with tensorwise scales) on {where} runs at {tflops['fp8']:.3g} "
+                 f"TFLOP/s, {1 / ratio:.1f}x slower than bf16 ({tflops['bf16']:.3g} TFLOP/s)"
+                 + ("" if native else ": expected here, where fp8 runs to check its numerics, not for speed")),
+        fix=("Compile the model (torch.compile fuses torchao's casts into the GEMMs, and fp8's speed comes with "
+             "it), keep GEMMs too small to gain out of fp8 (fp8_filter='auto'), or train in 'bf16'." if native else
+             "Nothing to change to check fp8's numerics here; train in 'bf16' on this device, and in fp8 on a GPU "
+             "of compute capability 8.9 or later (Ada, Hopper, Blackwell)."),
+        evidence={"tflops": tflops, "ratio_vs_bf16": ratio, "matmul_n": n, "rounds": len(samples["fp8"]),
+                  "device": str(dev), "native_fp8_gemm": native, "judgement": rule.evidence(ratio)},
+    )
+    return as_borderline(finding, rule, ratio) if outcome == "borderline" else finding

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from ampkit._util.dtypes import dtype_name
-from ampkit.diagnose.core.perf import low_precision_speed
+from ampkit.diagnose.core.perf import fp8_gemm_speed, low_precision_speed
 from ampkit.diagnose.script.mixed import report_mixed_precision_off, scaler_off_too
 from ampkit.findings import BF16_NEEDS_NO_SCALER, Finding, scale_collapse, scheduler_stepped_on_skip
+from ampkit.fp8 import fp8_layer_names
 from ampkit.thresholds import THRESHOLDS, Outcome, as_borderline
 
 if TYPE_CHECKING:
@@ -206,7 +207,19 @@ def slow_low_precision(name: str, device: str) -> Finding | None:
     return low_precision_speed(name, device, n=512, rounds=3)
 
 
+@functools.cache
+def slow_fp8_gemm(device: str) -> Finding | None:
+    """SLOW_FP8_GEMM on ``device``, measured once per process (about 1 s on a CPU)."""
+    return fp8_gemm_speed("fp8", device)
+
+
 def _slow_low_precision(ctx: Context) -> None:
+    last = ctx.models.last
+    if last is not None and fp8_layer_names(last.root):  # fp8 layers: their GEMMs are timed against bf16
+        finding = slow_fp8_gemm(str(last.device))
+        if finding is not None:
+            ctx.ledger.add(finding.code, key=(str(last.device), "fp8"), message=finding.message, fix=finding.fix,
+                           severity=finding.severity, evidence=finding.evidence)
     f = ctx.forwards
     used = {d for d, n in (f.autocast + f.half_params).items() if n and d in (torch.float16, torch.bfloat16)}
     for device in sorted(f.devices):

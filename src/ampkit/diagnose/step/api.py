@@ -52,13 +52,15 @@ from ampkit.diagnose.step.events import (
     input_findings,
     producer_finding,
 )
+from ampkit.diagnose.step.fp8 import fp8_candidates_only
+from ampkit.diagnose.step.fp8ops import operand_pass
 from ampkit.diagnose.step.programs import LossProgram, StepProgram
 from ampkit.diagnose.step.result import DiagnosisResult, Headroom
 from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.diagnose.step.trace import TraceLog
 from ampkit.findings import Finding
 from ampkit.precision import Precision
-from ampkit.thresholds import is_borderline
+from ampkit.thresholds import THRESHOLDS, is_borderline
 
 __all__ = ["diagnose_program", "diagnose_step"]
 
@@ -72,14 +74,15 @@ def diagnose_step(
     shadow: bool = True,
     bisect: bool = True,
     user_paths: Sequence[str] = (),
-    sqnr_threshold_db: float = compare.SQNR_THRESHOLD_DB,
+    sqnr_threshold_db: float | None = None,
     underflow_threshold: float = compare.UNDERFLOW_THRESHOLD,
 ) -> DiagnosisResult:
     """Diagnose one training step of ``model`` (see the module docstring).
 
     ``run(model)`` performs the forward and the loss under autocast, exactly like the training
     code, and returns the scalar loss; it is called several times, on copies of ``model``.
-    ``loss_scale`` is the scale the training backward uses (None: no scaling).
+    ``loss_scale`` is the scale the training backward uses (None: no scaling).  ``sqnr_threshold_db``
+    None: PRECISION_LOSS's threshold, or PRECISION_LOSS_FP8's for a model with fp8 layers.
 
     >>> import torch
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
@@ -103,7 +106,7 @@ def diagnose_step(
 
 def diagnose_program(
     model: nn.Module, program: StepProgram, precision: Precision, *, step: int | None = None, shadow: bool = True,
-    bisect: bool = True, user_paths: Sequence[str] = (), sqnr_threshold_db: float = compare.SQNR_THRESHOLD_DB,
+    bisect: bool = True, user_paths: Sequence[str] = (), sqnr_threshold_db: float | None = None,
     underflow_threshold: float = compare.UNDERFLOW_THRESHOLD, session: Session | None = None,
 ) -> DiagnosisResult:
     """``diagnose_step`` for any step program (the replay passes an ``OutputGradProgram``)."""
@@ -118,10 +121,11 @@ def diagnose_program(
 
 
 class _Diagnosis:
-    def __init__(self, session: Session, *, step: int | None, threshold_db: float, underflow_threshold: float):
+    def __init__(self, session: Session, *, step: int | None, threshold_db: float | None, underflow_threshold: float):
         self.s = session
         self.step = step
-        self.threshold_db = threshold_db
+        rule = "PRECISION_LOSS_FP8" if session.exclusion == "fp8_filter" else "PRECISION_LOSS"
+        self.threshold_db = THRESHOLDS[rule].threshold if threshold_db is None else threshold_db
         self.underflow_threshold = underflow_threshold
         self.modules = dict(session.model.named_modules())
         self.findings: list[Finding] = []
@@ -168,6 +172,10 @@ class _Diagnosis:
                     # A borderline row asks for no change, so it starts no keep-fp32 search.
                     fixable.extend(f for f in prec if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"
                                    and not is_borderline(f))
+            if s.exclusion == "fp8_filter":
+                result.comparison["fp8_operands"], flush = operand_pass(s, self.step)
+                self.findings.extend(flush)
+                fixable.extend(f for f in flush if not is_borderline(f))
             if bisect and fixable:
                 self._bisect(result, lp, fixable, out_sqnr)
         if self._shadow_error is not None:
@@ -333,6 +341,7 @@ class _Diagnosis:
     def _bisect(self, result: DiagnosisResult, lp: RunResult, fixable: list[Finding],
                 out_sqnr: dict[str, float]) -> None:
         from ampkit.diagnose.step.bisect import (
+            EFFECT_SCAN_LIMIT,
             Objective,
             bisect_keep_fp32,
             effect_candidates,
@@ -349,27 +358,35 @@ class _Diagnosis:
         loss = next((f for f in fixable if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"), None)
         scan = (effect_candidates(lp.recorder.order, out_sqnr, threshold_db=self.threshold_db)
                 if loss is not None and objective.reference is not None and not self._overflowed else None)
+        if self.s.exclusion == "fp8_filter":
+            candidates, scan = fp8_candidates_only(self.s.work, lp.recorder.order, candidates, scan, EFFECT_SCAN_LIMIT)
         outcome = bisect_keep_fp32(self.s, objective, candidates, reference_run=self.ref, scan=scan, baseline=out_sqnr)
         result.bisection = outcome.to_json()
         if loss is not None and outcome.culprit is not None:
-            named = effect_finding(loss, outcome, out_sqnr)
+            named = effect_finding(loss, outcome, out_sqnr, exclusion=self.s.exclusion)
             self.findings = fold_gradient_twin([named if f is loss else f for f in self.findings], named)
             fixable = [f for f in self.findings if f.code == "PRECISION_LOSS" and f.module == named.module] + [
                 f for f in fixable if f is not loss]
         if outcome.keep_fp32 is None:
             return
-        result.keep_fp32 = outcome.keep_fp32
+        how = self.s.exclusion
+        if how == "keep_fp32":
+            result.keep_fp32 = outcome.keep_fp32
+        else:
+            result.fp8_filter = outcome.keep_fp32
         verified = outcome.verification or {}
         outcomes = []
         if verified.get("loss") is not None:  # replays that start from the output gradient have no loss
             fp32 = f" (fp32: {result.loss_fp32})" if result.loss_fp32 is not None else ""
             outcomes.append(f"loss {verified['loss']}{fp32}")
         if isinstance(verified.get("output_sqnr_db"), float):
-            outcomes.append(f"output SQNR {verified['output_sqnr_db']:.1f} dB")
+            before = out_sqnr.get("")
+            was = f" (was {before:.1f} dB)" if how == "fp8_filter" and before is not None else ""
+            outcomes.append(f"output SQNR {verified['output_sqnr_db']:.1f} dB{was}")
         outcomes.append("finite gradients")
-        text = (f"Verified fix: MixedPrecision(..., keep_fp32={outcome.keep_fp32!r}) — re-running this step with "
+        text = (f"Verified fix: MixedPrecision(..., {how}={outcome.keep_fp32!r}) — re-running this step with "
                 f"it gives {', '.join(outcomes[:-1])}{' and ' if len(outcomes) > 1 else ''}{outcomes[-1]}.")
-        ids = {id(f) for f in fixable}
+        ids = {id(f) for f in fixable if f.code != "FP8_FLUSH" or f.module in outcome.keep_fp32}
         self.findings = [dataclasses.replace(f, fix=f"{text}{_alternative(f.fix)}",
                                              evidence={**f.evidence, "verified_fix": verified})
                          if id(f) in ids else f for f in self.findings]

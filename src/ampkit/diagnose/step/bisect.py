@@ -33,6 +33,7 @@ trial.  The scan costs one untraced step per candidate (at most ``EFFECT_SCAN_LI
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 import re
@@ -43,6 +44,7 @@ import torch
 
 from ampkit.diagnose.step import compare
 from ampkit.diagnose.step.events import find_producer
+from ampkit.diagnose.step.fp8 import filter_layers, out_of_fp8
 from ampkit.diagnose.step.session import RunResult, Session, copy_model
 from ampkit.policy import Fp32Policy
 
@@ -292,14 +294,19 @@ class _Bisector:
         """Apply ``patterns`` to a fresh copy exactly as the engine would, and re-run the step."""
         s = self.s
         fresh = copy_model(s.model)
-        applied = Fp32Policy(patterns, s.device.type).apply(fresh)
         targets = self._targets()
-        r = s.run(fresh, mode="unit", trace=self.obj.need_finite, stats=False,
-                  reference=self.obj.reference if targets else None, only=set(targets) or None)
+        with contextlib.ExitStack() as stack:
+            if s.exclusion == "fp8_filter":
+                applied = filter_layers(fresh, patterns)  # resolved as MixedPrecision(fp8_filter=...) does
+                stack.enter_context(out_of_fp8(fresh, applied))
+            else:
+                applied = Fp32Policy(patterns, s.device.type).apply(fresh)
+            r = s.run(fresh, mode="unit", trace=self.obj.need_finite, stats=False,
+                      reference=self.obj.reference if targets else None, only=set(targets) or None)
         sqnr = compare.module_sqnr(r.recorder.energies) if targets else {}
         producer = find_producer(r.log, "forward") if r.log is not None else None
         evidence: dict[str, Any] = {
-            "keep_fp32": patterns, "modules": applied, "finite": r.finite, "loss": r.loss, "backward_scale": 1.0,
+            s.exclusion: patterns, "modules": applied, "finite": r.finite, "loss": r.loss, "backward_scale": 1.0,
             "output_sqnr_db": sqnr.get(""), "module_sqnr_db": {m: sqnr.get(m) for m in self.obj.sqnr_modules},
             "trials": len(self.trials), "overflow_left": producer is not None,
         }

@@ -27,8 +27,11 @@ def _db(value: float | None) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.1f} dB"
 
 
-def effect_finding(finding: Finding, outcome: BisectOutcome, out_sqnr: dict[str, float]) -> Finding:
+def effect_finding(finding: Finding, outcome: BisectOutcome, out_sqnr: dict[str, float], *,
+                   exclusion: str = "keep_fp32") -> Finding:
     """``finding`` (activation PRECISION_LOSS) named at the effect scan's culprit, when it has one.
+
+    ``exclusion``: what the scan did to each candidate, ``keep_fp32`` or ``fp8_filter`` (kept out of fp8).
 
     >>> from ampkit.diagnose.step.bisect import Trial
     >>> f = Finding(code="PRECISION_LOSS", severity="warning", message="m", fix="f", module="norm",
@@ -52,11 +55,13 @@ def effect_finding(finding: Finding, outcome: BisectOutcome, out_sqnr: dict[str,
     shows = (f"; its own output is {_db(own)} from fp32, so the loss first shows in {display_module(first)}'s output "
              f"({_db(finding.evidence.get('sqnr_db'))})" if first != culprit else
              f"; its own output is {_db(own)} from fp32")
+    kept = "kept out of fp8" if exclusion == "fp8_filter" else "kept in fp32"
     message = (f"{display_module(culprit)} loses the signal in {finding.evidence.get('precision', 'low precision')} "
-               f"with no overflow: kept in fp32 alone, it brings the model output from {_db(before)} to {_db(after)} "
+               f"with no overflow: {kept} alone, it brings the model output from {_db(before)} to {_db(after)} "
                f"SQNR against fp32 (threshold {threshold:g} dB){shows}" if isinstance(threshold, float) else
                f"{display_module(culprit)} loses the signal with no overflow{shows}")
-    fix = keep_fp32_fix(culprit, "Or compute its sensitive part in fp32 (products of large values such as "
+    fix = (f"Keep {culprit!r} out of fp8: MixedPrecision(..., fp8_filter=[{culprit!r}])." if exclusion == "fp8_filter"
+           else None) or keep_fp32_fix(culprit, "Or compute its sensitive part in fp32 (products of large values such as "
                                  "timesteps times frequencies, sums over long ranges, E[x^2] - E[x]^2), or remove "
                                  "the large offset from its input (center coordinates, normalise time).")
     evidence = {

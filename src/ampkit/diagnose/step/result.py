@@ -33,6 +33,8 @@ class DiagnosisResult:
     module's backward ops, underflow against its parameters' smallest non-zero gradient."""
     keep_fp32: list[str] | None = None
     """The verified minimal set of modules to keep in fp32 (None when none was needed or found)."""
+    fp8_filter: list[str] | None = None
+    """For a model with fp8 layers: the verified minimal ``fp8_filter`` (modules kept out of fp8), or None."""
     precision: str = ""
     step: int | None = None
     loss: float | None = None
@@ -57,6 +59,7 @@ class DiagnosisResult:
             "precision": self.precision,
             "step": self.step,
             "keep_fp32": self.keep_fp32,
+            "fp8_filter": self.fp8_filter,
             "loss": self.loss,
             "loss_fp32": self.loss_fp32,
             "module_headroom": {m: {k: list(v) for k, v in d.items()} for m, d in self.module_headroom.items()},

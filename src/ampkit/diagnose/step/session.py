@@ -23,6 +23,7 @@ from torch import nn
 
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.modules import ModuleRecorder, module_of_param
+from ampkit.diagnose.step.fp8 import fp8_precision, out_of_fp8, strip_fp8
 from ampkit.diagnose.step.programs import ForwardOut, StepProgram
 from ampkit.diagnose.step.trace import OpTracer, TraceLog
 from ampkit.policy import keep_fp32, release_fp32
@@ -109,7 +110,7 @@ class Session:
                  user_paths: tuple[str, ...] = (), rng: RngSnapshot | None = None) -> None:
         self.model = unwrap_model(model)
         self.program = program
-        self.precision = precision
+        self.precision = fp8_precision(precision, self.model)
         param = next(self.model.parameters(), None)
         self.device = param.device if param is not None else precision.device
         self._caller_rng = RngSnapshot(self.device)
@@ -138,15 +139,26 @@ class Session:
         for p in self.work.parameters():
             p.grad = None
 
+    @property
+    def exclusion(self) -> str:
+        """What a bisection trial does to its modules: ``keep_fp32``, or ``fp8_filter`` for an fp8 model."""
+        return "fp8_filter" if self.precision.is_fp8 else "keep_fp32"
+
     def shadow_model(self) -> nn.Module:
-        """An fp32 copy that runs entirely outside autocast (autocast is disabled at its root)."""
-        shadow = copy_model(self.model, fp32=True)
+        """An fp32 copy that runs entirely outside autocast (autocast is disabled at its root), and
+        without fp8 casts (its ``Float8Linear`` layers become ``nn.Linear``, ``step.fp8``)."""
+        shadow = strip_fp8(copy_model(self.model, fp32=True))
         keep_fp32(shadow, self.device.type)
         return shadow
 
     @contextlib.contextmanager
     def kept_fp32(self, names: list[str]) -> Any:
-        """Temporarily keep the named modules of the working copy in fp32 (undone afterwards)."""
+        """Temporarily keep the named modules of the working copy in fp32 (undone afterwards); for an
+        fp8 model, out of fp8 instead (``fp8_filter``'s meaning: bf16 autocast, ``step.fp8.out_of_fp8``)."""
+        if self.exclusion == "fp8_filter":
+            with out_of_fp8(self.work, names):
+                yield
+            return
         modules = dict(self.work.named_modules())
         applied = []
         for n in names:

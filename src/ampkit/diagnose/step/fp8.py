@@ -1,0 +1,102 @@
+"""The step doctor on a model with torchao ``Float8Linear`` layers: its precision, its shadow, its trials.
+
+An fp8 engine (``MixedPrecision("fp8")``, or torchao's ``convert_to_float8_training`` in a script)
+leaves ``Float8Linear`` layers in the model and runs the rest under bf16 autocast, so a replay sees
+bf16 autocast.  Three things differ from a bf16 diagnosis:
+
+* **the precision** is fp8 (``fp8_precision``): the recipe is read from the layers' own
+  ``Float8LinearConfig``, so PRECISION_LOSS is judged with fp8's threshold;
+* **the fp32 shadow** must not cast to fp8: disabling autocast does not reach torchao's casts, so
+  every ``Float8Linear`` of the shadow copy becomes a plain ``nn.Linear`` (``strip_fp8``);
+* **a trial keeps modules out of fp8** instead of in fp32 (``out_of_fp8``): their ``Float8Linear``
+  layers compute as ``nn.Linear`` under the same bf16 autocast, which is what ``fp8_filter=[...]``
+  gives, and the verified set is printed as ``fp8_filter``.
+
+A ``Float8Linear`` is an ``nn.Linear`` subclass that only overrides ``forward``; the switch assigns
+``nn.Linear`` as the instance's class and back.  That keeps the parameters, the hooks and the module
+names (the recorder's references stay valid) and costs nothing: no copy, no torchao call.
+
+torchao is never imported here: ``ampkit.fp8.is_float8_linear`` is False until it was imported by
+whoever converted the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from torch import nn
+
+from ampkit.fp8 import fp8_layer_names, is_float8_linear
+from ampkit.policy import resolve_keep_fp32
+from ampkit.precision import Precision
+
+__all__ = ["filter_layers", "fp8_candidates_only", "fp8_precision", "fp8_recipe", "out_of_fp8", "strip_fp8"]
+
+
+def fp8_recipe(model: nn.Module) -> str | None:
+    """``"tensorwise"`` or ``"rowwise"`` from the first ``Float8Linear``'s config; None without fp8 layers."""
+    layer = next((m for m in model.modules() if is_float8_linear(m)), None)
+    if layer is None:
+        return None
+    config: Any = layer.config
+    granularity = config.cast_config_input.scaling_granularity.value
+    return "rowwise" if granularity == "axiswise" else "tensorwise"
+
+
+def fp8_precision(precision: Precision, model: nn.Module) -> Precision:
+    """``precision`` as fp8 when ``model`` holds ``Float8Linear`` layers (a bf16 replay of an fp8 run)."""
+    recipe = fp8_recipe(model)
+    if recipe is None or precision.is_fp8:
+        return precision
+    return Precision.parse("fp8-rowwise" if recipe == "rowwise" else "fp8", precision.device)
+
+
+def _layers_under(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
+    """The ``Float8Linear`` layers that are, or sit inside, the named modules."""
+    chosen = set(names)
+    out = []
+    for name in fp8_layer_names(model):
+        parts = name.split(".") if name else []
+        if any(".".join(parts[:i]) in chosen for i in range(len(parts) + 1)):
+            out.append(model.get_submodule(name))
+    return out
+
+
+@contextlib.contextmanager
+def out_of_fp8(model: nn.Module, names: Sequence[str]) -> Iterator[list[nn.Module]]:
+    """Run the ``Float8Linear`` layers in or under ``names`` as ``nn.Linear`` until the block ends."""
+    layers = _layers_under(model, names)
+    classes = [type(m) for m in layers]
+    for m in layers:
+        m.__class__ = nn.Linear
+    try:
+        yield layers
+    finally:
+        for m, cls in zip(layers, classes):
+            m.__class__ = cls
+
+
+def strip_fp8(model: nn.Module) -> nn.Module:
+    """Turn every ``Float8Linear`` of ``model`` (a private copy) into ``nn.Linear`` for good; returns it."""
+    for m in _layers_under(model, [""]):
+        m.__class__ = nn.Linear
+    return model
+
+
+def filter_layers(model: nn.Module, patterns: Sequence[str]) -> list[str]:
+    """The ``Float8Linear`` layers ``fp8_filter=patterns`` keeps out of fp8, resolved as the engine does."""
+    matched = resolve_keep_fp32(model, list(patterns), what="fp8_filter")
+    layers = {id(m) for m in _layers_under(model, matched)}
+    return [n for n in fp8_layer_names(model) if id(model.get_submodule(n)) in layers]
+
+
+def fp8_candidates_only(model: nn.Module, order: Sequence[str], candidates: list[str], scan: list[str] | None,
+                        limit: int) -> tuple[list[str], list[str] | None]:
+    """The bisection's candidates and effect scan narrowed to ``model``'s ``Float8Linear`` layers (forward
+    order): only they can be filtered out of fp8, and a filter per layer is the one to paste."""
+    layers = set(fp8_layer_names(model))
+    ordered = [n for n in dict.fromkeys(order) if n in layers]
+    narrowed = list(dict.fromkeys([*(c for c in candidates if c in layers), *ordered]))
+    return narrowed, (ordered[:limit] if scan is not None else None)
