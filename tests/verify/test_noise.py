@@ -127,7 +127,7 @@ def test_ten_steps_of_tinygpt_are_inconclusive(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--size", "huge"], "--size 'huge': task 'tinygpt' has no such size; its sizes: full, medium, small, tiny"),
+    (["--size", "huge"], "--size 'huge': task 'tinygpt' has no such size; its sizes: full, small, tiny"),
     (["--noise-k", "0"], "--noise-k 0.0: must be a number > 0"),
 ])
 def test_bad_noise_band_and_size_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],

@@ -87,7 +87,7 @@ def register(subparsers: Any) -> None:
                    help="fit the training into DURATION (seconds, or 90s, 5m, 1h): every precision is probed for a "
                         "few steps, then all run the same, smaller number of steps; the report says so")
     p.add_argument("--size", metavar="NAME",
-                   help="run the task at this rung of its size ladder (tinygpt: full, medium, small, tiny); "
+                   help="run the task at this rung of its size ladder (tinygpt: full, small, tiny); "
                         "default: the task as loaded, or the largest that fits --time-budget")
     p.add_argument("--no-noise-band", action="store_true",
                    help="skip the second fp32 run that measures fp32's run-to-run spread; verdicts are then pass "
