@@ -36,36 +36,24 @@ from collections.abc import Callable
 
 import torch
 from bench_engine import engine_step, interleaved_times
-from torch.nn import functional as F
 
 import ampkit
 from ampkit.tasks.gpt import GPT, GPTConfig
+from gpucheck.fp8recipe import recipe_step, torchao_config
 
 # CPU fp8 runs on torch's CPU _scaled_mm: a small GPT keeps the run to a minute.
 CONFIG, BATCH = GPTConfig(n_layer=2, n_head=4, d_model=128, block_size=64), 4
-RECIPES = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-
-
-def recipe_step(model, opt, x, y, clip):
-    """One step of torchao's float8 training recipe, written out by hand."""
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
-        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
 
 
 def bench(precision: str, steps: int, warmup: int, clock: Callable[[], float] = time.process_time,
           control: bool = False) -> tuple[list[float], list[float], int]:
     """The engine's and the recipe's step times; ``control``: a second copy of the recipe in the engine's place."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training
 
     torch.manual_seed(0)
     base = GPT(CONFIG)
-    config = Float8LinearConfig.from_recipe_name(RECIPES[precision])
-    m_recipe = convert_to_float8_training(copy.deepcopy(base), config=config)
+    m_recipe = convert_to_float8_training(copy.deepcopy(base), config=torchao_config(precision))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the "no fp8 GEMM on the CPU" warning: known here
         mp = ampkit.MixedPrecision(precision, device="cpu", clip_grad_norm=1.0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 import torch
 
 TESTS = Path(__file__).resolve().parent
+BENCHMARKS = TESTS.parent / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    # The GPU check's modules (gpucheck) and the benchmark scripts live in benchmarks/, not in an
+    # installed package; the GPU check's tests and the fp8 recipe test import them from there.
+    sys.path.insert(0, str(BENCHMARKS))
 
 
 def _inductor_cache_per_isa() -> None:

@@ -2,12 +2,13 @@
 
 The recipe is torchao's own: ``convert_to_float8_training`` with the recipe's config (CPU:
 ``emulate=False``, torch's CPU ``_scaled_mm``), bf16 autocast, backward, clip, optimizer step.
+It lives in ``benchmarks/gpucheck/fp8recipe.py``, which the GPU check's ``fp8`` section runs on
+the device: one copy of the recipe for both.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,10 +16,10 @@ from torch import nn
 from torch.nn import functional as F
 
 import ampkit
+from gpucheck.fp8recipe import loss_of, torchao_config, train_engine, train_recipe, training_difference
 from tests.helpers.models import make_batches
 
 pytest.importorskip("torchao")
-from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 from torchao.float8.float8_linear import Float8Linear
 
 pytestmark = pytest.mark.filterwarnings("ignore:precision='fp8.*no fp8 GEMM:UserWarning")
@@ -41,46 +42,14 @@ class Fp8Net(nn.Module):
         return self.head(F.gelu(self.fc2(self.norm(self.fc1(x)))))
 
 
-def run_recipe(model: nn.Module, recipe: str, batches, *, accumulation: int = 1, clip: float | None = None,
-               module_filter_fn: Callable[[nn.Module, str], bool] | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """torchao's float8 training loop written out by hand (the optimizer is built after converting)."""
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    assert config.emulate is False  # CPU: torch's CPU _scaled_mm, the setting the engine uses
-    model = convert_to_float8_training(model, config=config, module_filter_fn=module_filter_fn)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    for i, (x, y) in enumerate(batches):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y) / accumulation
-        loss.backward()
-        if (i + 1) % accumulation == 0:
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return model, opt
-
-
-def run_engine(model: nn.Module, precision: str, batches, **engine) -> tuple[nn.Module, torch.optim.Optimizer, ampkit.MixedPrecision]:
-    mp = ampkit.MixedPrecision(precision, device="cpu", **engine)
-    model = mp.prepare(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    for x, y in batches:
-        with mp.autocast():
-            loss = F.cross_entropy(model(x), y)
-        mp.backward(loss)
-        mp.step(opt)
-    return model, opt, mp
+def run_recipe(model: nn.Module, precision: str, batches, **kw) -> tuple[nn.Module, torch.optim.Optimizer]:
+    assert torchao_config(precision).emulate is False  # CPU: torch's CPU _scaled_mm, the setting the engine uses
+    return train_recipe(model, precision, batches, **kw)
 
 
 def assert_same_training(a: tuple[nn.Module, torch.optim.Optimizer], b: tuple[nn.Module, torch.optim.Optimizer]) -> None:
-    (model_a, opt_a), (model_b, opt_b) = a, b
-    for (name, pa), (_, pb) in zip(model_a.named_parameters(), model_b.named_parameters()):
-        assert torch.equal(pa, pb), f"parameter {name} differs from the torchao recipe"
-    state_a, state_b = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
-    assert state_a.keys() == state_b.keys()
-    for key in state_a:
-        for field, value in state_a[key].items():
-            assert torch.equal(value, state_b[key][field]), f"optimizer state {key}.{field} differs"
+    problem = training_difference(a, b)
+    assert problem is None, f"differs from the torchao recipe at {problem}"
 
 
 def _pair(seed: int, steps: int = STEPS):
@@ -89,12 +58,11 @@ def _pair(seed: int, steps: int = STEPS):
         steps, batch=16, d_in=D_IN, classes=CLASSES, seed=seed)
 
 
-@pytest.mark.parametrize(("precision", "recipe"), [("fp8", "tensorwise"), ("fp8-tensorwise", "tensorwise"),
-                                                   ("fp8-rowwise", "rowwise")])
-def test_engine_fp8_bitexact_with_torchao_recipe(precision: str, recipe: str, seed: int) -> None:
+@pytest.mark.parametrize("precision", ["fp8", "fp8-tensorwise", "fp8-rowwise"])
+def test_engine_fp8_bitexact_with_torchao_recipe(precision: str, seed: int) -> None:
     reference, model_a, model_b, batches = _pair(seed)
-    recipe_run = run_recipe(model_a, recipe, batches, clip=1.0)
-    model, opt, mp = run_engine(model_b, precision, batches, clip_grad_norm=1.0)
+    recipe_run = run_recipe(model_a, precision, batches, clip=1.0)
+    model, opt, mp = train_engine(model_b, precision, batches, clip_grad_norm=1.0)
     assert_same_training(recipe_run, (model, opt))
     assert mp.fp8.layers == ["fc1", "fc2", "head"]
     assert all(isinstance(m, Float8Linear) for m in (model.fc1, model.fc2, model.head))
@@ -103,8 +71,8 @@ def test_engine_fp8_bitexact_with_torchao_recipe(precision: str, recipe: str, se
 
 def test_engine_fp8_accumulation_3_with_clipping_bitexact_with_torchao_recipe(seed: int) -> None:
     _, model_a, model_b, batches = _pair(seed, steps=3 * STEPS)
-    recipe_run = run_recipe(model_a, "tensorwise", batches, accumulation=3, clip=0.5)
-    model, opt, mp = run_engine(model_b, "fp8", batches, grad_accumulation=3, clip_grad_norm=0.5)
+    recipe_run = run_recipe(model_a, "fp8", batches, accumulation=3, clip=0.5)
+    model, opt, mp = train_engine(model_b, "fp8", batches, grad_accumulation=3, clip_grad_norm=0.5)
     assert_same_training(recipe_run, (model, opt))
     assert mp.optimizer_steps == STEPS
 
@@ -112,8 +80,8 @@ def test_engine_fp8_accumulation_3_with_clipping_bitexact_with_torchao_recipe(se
 def test_engine_fp8_keep_fp32_module_stays_linear_in_fp32_and_bitexact(seed: int) -> None:
     _, model_a, model_b, batches = _pair(seed)
     ampkit.keep_fp32(model_a.head)  # the recipe keeps the head out of fp8 and out of autocast by hand
-    recipe_run = run_recipe(model_a, "tensorwise", batches, module_filter_fn=lambda _m, fqn: fqn != "head")
-    model, opt, mp = run_engine(model_b, "fp8", batches, keep_fp32=["head"])
+    recipe_run = run_recipe(model_a, "fp8", batches, module_filter_fn=lambda _m, fqn: fqn != "head")
+    model, opt, mp = train_engine(model_b, "fp8", batches, keep_fp32=["head"])
     assert_same_training(recipe_run, (model, opt))
     assert type(model.head) is nn.Linear and mp.fp8.layers == ["fc1", "fc2"]
     with mp.autocast():
@@ -147,8 +115,8 @@ def test_engine_fp8_prepare_without_a_qualifying_layer_warns_with_the_count() ->
 
 def test_engine_fp8_state_dict_round_trip_across_the_alias_is_bit_identical(seed: int) -> None:
     _, model_a, model_b, batches = _pair(seed, steps=2 * STEPS)
-    uninterrupted = run_engine(model_a, "fp8", batches, grad_accumulation=2)
-    model, opt, mp = run_engine(model_b, "fp8", batches[:6], grad_accumulation=2)
+    uninterrupted = train_engine(model_a, "fp8", batches, grad_accumulation=2)
+    model, opt, mp = train_engine(model_b, "fp8", batches[:6], grad_accumulation=2)
     saved = {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()), "mp": mp.state_dict()}
     resumed_mp = ampkit.MixedPrecision("fp8-tensorwise", device="cpu", grad_accumulation=2)
     resumed = resumed_mp.prepare(Fp8Net())
@@ -159,7 +127,7 @@ def test_engine_fp8_state_dict_round_trip_across_the_alias_is_bit_identical(seed
     assert resumed_mp.optimizer_steps == 3
     for x, y in batches[6:]:
         with resumed_mp.autocast():
-            loss = F.cross_entropy(resumed(x), y)
+            loss = loss_of(resumed(x), y)
         resumed_mp.backward(loss)
         resumed_mp.step(resumed_opt)
     assert_same_training(uninterrupted[:2], (resumed, resumed_opt))
