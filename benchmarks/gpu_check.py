@@ -3,9 +3,10 @@
     python benchmarks/gpu_check.py [--out DIR] [--only SECTION[,SECTION]]      (or: make gpu-check)
 
 Sections, in order (thresholds in ``gpucheck/table.py`` and docs/gpu-check.md): ``bitexact``,
-``nosync``, ``ratios``, ``replay``, ``verify``, ``nccl``, ``frameworks``.  Each runs in its own
-process under its own time cap, inside a 4-minute budget for the whole run; a section past its cap
-is recorded as "timed out" with the checks it had finished.  Writes ``DIR/gpu-check.json``
+``nosync``, ``ratios``, ``replay``, ``verify``, ``nccl``, ``frameworks``, and ``fp8``, which only
+``--only fp8`` runs (a call with its own budget: its compiles need most of one).  Each runs in its
+own process under its own time cap, inside a 4-minute budget for the whole run; a section past its
+cap is recorded as "timed out" with the checks it had finished.  Writes ``DIR/gpu-check.json``
 (``"schema": "ampkit.gpu-check/1"``), ``DIR/gpu-check.md``, ``DIR/gpu-check.log`` (every section's
 output) and ``DIR/verify/`` (the verify section's report); ``DIR`` defaults to ``runs/gpu-check``.
 
@@ -42,7 +43,7 @@ def _sections(only: str | None) -> list[str]:
 
     names = [s.name for s in SECTIONS]
     if only is None:
-        return names
+        return [s.name for s in SECTIONS if s.default]
     asked = [n.strip() for n in only.split(",") if n.strip()]
     unknown = [n for n in asked if n not in names]
     if unknown or not asked:

@@ -20,7 +20,7 @@ from ampkit._util.dtensor import local_shard
 from ampkit._util.speed import synchronize
 from gpucheck.table import judge, threshold
 
-__all__ = ["Check", "check", "first_difference", "median_ratio", "skipped", "timed"]
+__all__ = ["Check", "check", "first_difference", "median_ratio", "not_judged", "skipped", "timed"]
 
 
 @dataclass
@@ -48,6 +48,12 @@ def check(key: str, name: str, measured: Any, detail: str = "", **evidence: Any)
     """A ``Check`` judged by ``table.judge``."""
     return Check(key=key, name=name, status=judge(key, measured), measured=measured,
                  threshold=threshold(key).text, detail=detail, evidence=evidence)
+
+
+def not_judged(key: str, name: str, measured: Any, detail: str, **evidence: Any) -> Check:
+    """A measured ``Check`` whose threshold does not apply here (a speed threshold on a CPU): ``reported``."""
+    return Check(key=key, name=name, status="reported", measured=measured, threshold=threshold(key).text,
+                 detail=detail, evidence=evidence)
 
 
 def skipped(key: str, name: str, why: str) -> Check:

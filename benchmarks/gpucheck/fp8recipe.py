@@ -23,7 +23,7 @@ from torch.nn import functional as F
 import ampkit
 from gpucheck.checks import first_difference
 
-__all__ = ["RECIPES", "loss_of", "recipe_step", "torchao_config", "train_engine", "train_recipe", "training_difference"]
+__all__ = ["RECIPES", "fp8_sized", "loss_of", "recipe_step", "torchao_config", "train_engine", "train_recipe", "training_difference"]
 
 RECIPES = {"fp8": "tensorwise", "fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise"}
 """ampkit's precision name -> torchao's recipe name (``Float8LinearConfig.from_recipe_name``)."""
@@ -47,6 +47,14 @@ def recipe_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+
+def fp8_sized(module: nn.Module, fqn: str) -> bool:
+    """A ``module_filter_fn`` for torchao: Linear layers whose in and out features are multiples of 16.
+
+    CUDA's fp8 GEMM needs them (torchtitan's filter checks the same); the engine converts only those.
+    """
+    return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
 def torchao_config(precision: str) -> Any:
