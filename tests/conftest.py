@@ -35,9 +35,9 @@ def _inductor_cache_per_isa() -> None:
 _inductor_cache_per_isa()
 NUMERICS = (
     "diagnose/", "telemetry/", "verify/", "tasks/", "cli/test_doctor.py", "cli/test_verify.py",
-    "integrations/test_doctor_frameworks.py", "bench/test_gpu_check_sections.py", "test_engine", "test_scaler.py",
-    "test_precision.py", "test_policy.py", "test_env.py", "test_mixed_precision.py", "test_checkpoint.py",
-    "test_compile.py", "test_thresholds.py", "_util/test_isa.py",
+    "integrations/test_doctor_frameworks.py", "bench/test_gpu_check_sections.py", "bench/test_gpu_check_fp8.py",
+    "test_engine", "test_scaler.py", "test_precision.py", "test_policy.py", "test_env.py", "test_mixed_precision.py",
+    "test_checkpoint.py", "test_compile.py", "test_thresholds.py", "_util/test_isa.py",
 )
 """Tests (path prefixes under tests/) that judge numbers the CPU's kernels decide: precision, SQNR,
 overflow, bit-exactness against the recipe, speed ratios and verdicts.  They carry the ``numerics``

@@ -104,7 +104,9 @@ def test_gpu_check_sigterm_stops_the_running_section_and_leaves_no_process(tmp_p
 def test_gpu_check_sections_table_caps_fit_the_budget() -> None:
     from gpucheck.table import TOTAL_BUDGET_S
 
-    assert [s.name for s in SECTIONS] == ["bitexact", "nosync", "ratios", "replay", "verify", "nccl", "frameworks"]
+    assert [s.name for s in SECTIONS] == ["bitexact", "nosync", "ratios", "replay", "verify", "nccl", "frameworks",
+                                          "fp8"]
+    assert [s.name for s in SECTIONS if not s.default] == ["fp8"]  # its own call: --only fp8
     assert max(s.cap_s for s in SECTIONS) < TOTAL_BUDGET_S
 
 

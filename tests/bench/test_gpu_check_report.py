@@ -17,7 +17,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "gpu-check.md"
 
 
 def test_thresholds_docs_table_equals_the_scripts() -> None:
-    rows = re.findall(r"^\| `([a-z_]+\.[a-z_0-9]+)` \| (.+?) \|$", DOC.read_text(), flags=re.M)
+    rows = re.findall(r"^\| `([a-z_0-9]+\.[a-z_0-9]+)` \| (.+?) \|$", DOC.read_text(), flags=re.M)
     assert rows == [(t.key, t.text) for t in THRESHOLDS]
 
 
@@ -33,6 +33,10 @@ def test_thresholds_every_section_has_one_and_every_key_names_a_section() -> Non
     ("bitexact.recipe", True, "pass"),
     ("bitexact.recipe", False, "fail"),
     ("verify.run", {"tokens_per_s": 1.0}, "reported"),
+    ("fp8.mlp_speedup", 1.2, "pass"),
+    ("fp8.mlp_speedup", 1.1999, "fail"),
+    ("fp8.mlp_speedup", None, "fail"),
+    ("fp8.gpt_speedup", 0.8, "reported"),
 ])
 def test_judge_applies_the_tables_rule(key: str, measured: object, status: str) -> None:
     assert judge(key, measured) == status
