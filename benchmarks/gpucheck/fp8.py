@@ -111,9 +111,10 @@ def _outlier_step(device: torch.device, tiny: bool) -> tuple[nn.Module, Any]:
     d_in, width, d_out, batch = DOCTOR_SIZES["tiny" if tiny else "full"]
     torch.manual_seed(0)
     mp = ampkit.MixedPrecision("fp8", device=device)
-    model = mp.prepare(nn.Sequential(nn.Linear(d_in, width), nn.GELU(), nn.Linear(width, d_out)).to(device))
+    first = nn.Linear(d_in, width)
     with torch.no_grad():
-        model[0].weight[:, 0] = 0.0  # the outlier column is never read: what flushes is the rest of the input
+        first.weight[:, 0] = 0.0  # the outlier column is never read: what flushes is the rest of the input
+    model = mp.prepare(nn.Sequential(first, nn.GELU(), nn.Linear(width, d_out)).to(device))
     x = torch.randn(batch, d_in, generator=torch.Generator().manual_seed(2)).to(device)
     x[:, 0] = OUTLIER
 

@@ -40,8 +40,9 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 def _compiled_arm(model: nn.Module, precision: str, device: torch.device, batches: Batches) -> Callable[[], None]:
     mp = ampkit.MixedPrecision(precision, device=device, clip_grad_norm=1.0)
-    compiled = torch.compile(mp.prepare(model))
-    opt = torch.optim.AdamW(compiled.parameters(), lr=1e-4, fused=True)
+    model = mp.prepare(model)
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     cursor = [0]
 
     def step() -> None:
