@@ -53,7 +53,7 @@ SECTIONS: tuple[Section, ...] = (
             what="1-rank NCCL group: distributed.setup and a DCP checkpoint round trip"),
     Section(name="frameworks", cap_s=40, what="Hugging Face Trainer fp16: scale on resume, skip and backoff"),
     # Four compiled models (a GPT and a wide MLP block, each in bf16 and fp8): inductor's first
-    # compile of the 12-layer GPT with torchao's Float8Linear takes about a minute on its own.
+    # compile of the 12-layer GPT with torchao's Float8Linear is estimated at tens of seconds.
     Section(name="fp8", cap_s=200, default=False,
             what="fp8 (torchao float8): recipe bit for bit, the doctor's FP8_FLUSH, compiled speed vs bf16"),
 )
