@@ -210,7 +210,9 @@ def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: 
         entry["numerics"] = "fail" if len(reasons) > len(speed_reasons) else "inconclusive" if unsure else "pass"
         entry["summary"] = _summary(entry, run is base, speed_reasons)
         entry["verdict"] = "fail" if reasons else "inconclusive" if unsure else "pass"
-        entry["reasons"] = reasons + unsure or ["within every tolerance" if run is not base else "baseline completed"]
+        resolved = f", each resolved: {band.k:g} x the fp32 noise band within it" if band is not None else ""
+        entry["reasons"] = reasons + unsure or [f"within every tolerance{resolved}" if run is not base
+                                                else "baseline completed"]
         entry["notes"] = notes
         entries.append(entry)
     return entries
