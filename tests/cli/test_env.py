@@ -28,3 +28,6 @@ def test_env_cli_text_names_versions_and_flags(capsys: pytest.CaptureFixture[str
 def test_env_cli_bad_matrix_size_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["env", "--matmul-n", "3"]) == 2
     assert "--matmul-n 3" in capsys.readouterr().err
+    # a size whose matrices cannot be allocated is bad input too, refused before any allocation
+    assert main(["env", "--matmul-n", "1000000"]) == 2
+    assert "--matmul-n 1000000: use a matrix size from 16 to 8192" in capsys.readouterr().err

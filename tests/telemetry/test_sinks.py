@@ -247,3 +247,11 @@ def test_telemetry_close_removes_the_input_hook_and_is_idempotent(tiny: torch.nn
     tel.close()
     tel.close()
     assert len(tiny._forward_pre_hooks) == 0 and tel.pending == 0
+
+
+def test_telemetry_refuses_a_flush_interval_whose_buffer_would_not_fit() -> None:
+    from ampkit.telemetry.core import MAX_FLUSH_EVERY
+
+    with pytest.raises(ValueError, match=f"flush_every=1000000000.*from 1 to {MAX_FLUSH_EVERY}"):
+        Telemetry(flush_every=10**9)
+    assert Telemetry(flush_every=MAX_FLUSH_EVERY).flush_every == MAX_FLUSH_EVERY

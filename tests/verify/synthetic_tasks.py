@@ -204,3 +204,14 @@ class OffsetTarget(Regression):
         pred = (model(self.test_x.to(device)) + self.OFFSET).float().cpu() - self.OFFSET
         mse = F.mse_loss(pred, self.test_y)
         return {"mse": float(mse), "r2": float(1 - mse / self.test_y.var())}
+
+
+class Finite(Regression):
+    """A ``batches()`` that ends after 10 batches: a one-epoch loader written as a finite generator."""
+
+    name = "finite"
+
+    def batches(self, seed: int, device: torch.device) -> Iterator[Any]:
+        stream = super().batches(seed, device)
+        for _ in range(10):
+            yield next(stream)

@@ -68,3 +68,15 @@ def test_steplog_keeps_values_on_the_device_until_flushed() -> None:
     assert len(recorder.recent_losses(2)) == 2
     assert recorder.telemetry.pending == 0
     assert [r["step"] for r in recorder.records()] == [1, 2, 3]
+
+
+def test_a_task_whose_batches_run_out_fails_the_run_with_the_count_and_the_fix(tmp_path) -> None:
+    from ampkit.verify.worker import run
+    from tests.verify.verify_helpers import task_ref
+
+    spec = {"task": task_ref("Finite"), "precision": "fp32", "device": "cpu", "steps": 20, "warmup": 2, "seed": 0,
+            "eval_every": 20, "result": str(tmp_path / "r.json")}
+    result = run(spec)
+    assert result["status"] == "failed"
+    assert result["error"].startswith("BatchesExhausted: task 'finite': batches(seed, device) ended after 10 batches")
+    assert "make it endless" in result["error"] and len(result["loss"]) == 10  # the 10 steps it did train are kept

@@ -16,6 +16,10 @@ from ampkit.cli.errors import UsageError
 
 __all__ = ["register", "run"]
 
+MIN_MATMUL_N = 16
+MAX_MATMUL_N = 8192
+"""8192: three fp32 matrices are 768 MB; a larger n spends seconds per dtype and can exhaust memory."""
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -32,8 +36,9 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ampkit.env import collect_environment, format_environment
 
-    if args.matmul_n < 16:
-        raise UsageError(f"--matmul-n {args.matmul_n}: use a matrix size of at least 16 (default 512)")
+    if not MIN_MATMUL_N <= args.matmul_n <= MAX_MATMUL_N:
+        raise UsageError(f"--matmul-n {args.matmul_n}: use a matrix size from {MIN_MATMUL_N} to {MAX_MATMUL_N} "
+                         "(default 512; the measurement holds three n x n matrices per dtype)")
     env = collect_environment(full=True, measure=not args.no_measure, matmul_n=args.matmul_n)
     print(json.dumps(env, indent=2) if args.json else format_environment(env))
     return 0

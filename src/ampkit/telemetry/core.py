@@ -43,7 +43,11 @@ from ampkit.telemetry.records import StepMeta, current_rank, floating_tensors, m
 from ampkit.telemetry.sinks import CallbackSink, Sink, SinkFailedWarning
 from ampkit.telemetry.source import StepSource
 
-__all__ = ["Telemetry"]
+__all__ = ["MAX_FLUSH_EVERY", "Telemetry"]
+
+MAX_FLUSH_EVERY = 100_000
+"""The device buffer holds one row per step until the flush (about 0.1 KB on CPU): 100,000 steps
+is about 10 MB, while an unbounded ``flush_every`` would be allocated whole at the start."""
 
 
 class Telemetry(EngineHook):
@@ -98,8 +102,10 @@ class Telemetry(EngineHook):
         alarms: Sequence[Alarm] | None = None,
         watch_inputs: bool = True,
     ) -> None:
-        if not (isinstance(flush_every, int) and not isinstance(flush_every, bool) and flush_every >= 1):
-            raise ValueError(f"Telemetry(flush_every={flush_every!r}): must be an int >= 1 (steps between flushes)")
+        if not (isinstance(flush_every, int) and not isinstance(flush_every, bool)
+                and 1 <= flush_every <= MAX_FLUSH_EVERY):
+            raise ValueError(f"Telemetry(flush_every={flush_every!r}): must be an int from 1 to {MAX_FLUSH_EVERY} "
+                             "(steps between flushes; the device buffer holds one row per step until the flush)")
         if not (isinstance(module_absmax_every, int) and module_absmax_every >= 0):
             raise ValueError(f"Telemetry(module_absmax_every={module_absmax_every!r}): must be an int >= 0 (0 = off)")
         if not (fp8_stats_every is None or (isinstance(fp8_stats_every, int) and fp8_stats_every >= 0)):

@@ -48,8 +48,8 @@ import torch
 from ampkit._util.jsonfloat import NONFINITE_AS_NULL, dumps, to_json
 from ampkit._util.speed import synchronize
 
-__all__ = ["DATA_HASH_BATCHES", "DIVERGENCE_WINDOW", "PROGRESS_PREFIX", "RECORD_KEYS", "StepLog", "data_sha256",
-           "emit", "main", "run", "state_sha256", "train"]
+__all__ = ["DATA_HASH_BATCHES", "DIVERGENCE_WINDOW", "PROGRESS_PREFIX", "RECORD_KEYS", "BatchesExhausted", "StepLog",
+           "data_sha256", "emit", "main", "next_batch", "run", "state_sha256", "train"]
 
 PROGRESS_PREFIX = "@ampkit-progress "
 DATA_HASH_BATCHES = 4
@@ -89,11 +89,26 @@ def _feed(digest: Any, obj: Any) -> None:
         digest.update(f"V|{obj!r}|".encode())
 
 
+class BatchesExhausted(RuntimeError):
+    """A task's ``batches()`` stream ended before the run did."""
+
+
+def next_batch(stream: Any, task: Any, taken: int) -> Any:
+    """The stream's next batch; a stream that ends says so, with the fix, instead of a bare StopIteration."""
+    try:
+        return next(stream)
+    except StopIteration:
+        raise BatchesExhausted(
+            f"task {getattr(task, 'name', task)!r}: batches(seed, device) ended after {taken} batches, but the run "
+            "needs one per step: make it endless (loop over the data, reshuffling with the seed each epoch), or "
+            "lower --steps") from None
+
+
 def data_sha256(task: Any, seed: int, device: torch.device, count: int) -> str:
     digest = hashlib.sha256()
     stream = iter(task.batches(seed, device))
-    for _ in range(count):
-        _feed(digest, next(stream))
+    for taken in range(count):
+        _feed(digest, next_batch(stream, task, taken))
     return digest.hexdigest()
 
 
@@ -176,7 +191,7 @@ def train(spec: dict[str, Any], result: dict[str, Any], live: dict[str, Any]) ->
     for step in range(steps):
         if step == warmup:
             clock.start()
-        batch = ranks.shard_batch(next(stream), info, task.samples_per_batch)
+        batch = ranks.shard_batch(next_batch(stream, task, step), info, task.samples_per_batch)
         if shadow is not None:
             shadow.read(model, mp)
         with mp.no_sync(train_model):  # DDP's no_sync covers the forward and the backward
@@ -219,7 +234,8 @@ class _ShadowLoss:
         self._losses: list[torch.Tensor] = []
 
     def read(self, model: torch.nn.Module, mp: Any) -> None:
-        batch = self._shard(next(self._stream), self._info, self._task.samples_per_batch)
+        batch = self._shard(next_batch(self._stream, self._task, len(self._losses)), self._info,
+                            self._task.samples_per_batch)
         with torch.no_grad(), mp.autocast():
             self._losses.append(self._task.loss(model, batch).detach().float())
 
@@ -276,9 +292,11 @@ class StepLog:
 
     def __init__(self, steps: int) -> None:
         from ampkit.telemetry import CallbackSink, Telemetry
+        from ampkit.telemetry.core import MAX_FLUSH_EVERY
 
         self._records: list[dict[str, Any]] = []
-        self.telemetry = Telemetry(sinks=[CallbackSink(self._records.append)], flush_every=steps + 1,
+        # A run of more steps than the buffer's bound flushes once per bound: one sync in 100,000 steps.
+        self.telemetry = Telemetry(sinks=[CallbackSink(self._records.append)], flush_every=min(steps + 1, MAX_FLUSH_EVERY),
                                    alarms=(), watch_inputs=False)
 
     def flush(self) -> None:
