@@ -34,3 +34,29 @@ def test_main_script_arguments_after_the_doctor_target_are_not_rejected(capsys: 
     code, err = run(capsys, "doctor", "--jsno", "out.json", "train.py", "--epochs", "3")
     assert code == 2 and "unrecognized arguments: --jsno (did you mean --json?)" in err
     assert "--epochs" not in err.splitlines()[-1]
+
+
+def test_closed_stdout_is_bad_input_not_a_traceback(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "ok.py"
+    script.write_text("x = 1\n")
+    proc = subprocess.run([sys.executable, "-m", "ampkit.cli.main", "lint", str(script)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, close_fds=True,
+                          preexec_fn=lambda: __import__("os").close(1))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "standard output is closed; redirect it to a file or to /dev/null" in proc.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write, as `ampkit env | head -0`
+    proc = subprocess.run([sys.executable, "-m", "ampkit.cli.main", "env", "--no-measure"], stdout=write_end,
+                          stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr

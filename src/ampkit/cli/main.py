@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -50,6 +51,10 @@ def _reject_unknown(parser: argparse.ArgumentParser, command: str | None, extras
     target.error(f"unrecognized arguments: {' '.join(named)}; see {target.prog} --help")
 
 
+BROKEN_PIPE_EXIT = 141
+"""128 + SIGPIPE, what a shell reports for a writer whose pipe closed."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     # parse_args would report an unknown option with the top-level usage, which lists only the
@@ -60,14 +65,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2
+    if sys.stdout is None:  # started with fd 1 closed (`>&-`): the results would have nowhere to go
+        print(f"ampkit {args.command}: error: standard output is closed; redirect it to a file or to /dev/null "
+              "(`> out.txt`) instead of closing it", file=sys.stderr)
+        return 2
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()  # inside the try: a reader gone by now must not raise at interpreter exit
+        return code
     except UsageError as exc:
         print(f"ampkit {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"ampkit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`ampkit env | head`): stop quietly, as a pipe's writer does.  stdout is
+        # pointed at /dev/null so the interpreter's final flush does not raise a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
 
 
 if __name__ == "__main__":
