@@ -41,3 +41,13 @@ def test_output_summary_counts_files_violations_and_fixes() -> None:
     assert summary(LintReport(files=2, fixed=1)) == "ampkit lint: 2 file(s) checked, no violations; fixed 1"
     report = LintReport([V1, V1, V2], files=4)
     assert summary(report) == "ampkit lint: 3 violation(s) in 2 file(s), 4 file(s) checked"
+
+
+def test_output_text_keeps_a_crafted_file_name_on_its_line() -> None:
+    # a name with a newline followed by a workflow command, and one that is itself a command
+    crafted = Violation("x\n::error file=ci.yml::pwned.py", 1, 1, "AMP101", "msg\n::warning::also")
+    leading = Violation("::error::a.py", 2, 3, "AMP101", "msg")
+    lines = render(LintReport([crafted, leading]), "text").splitlines()
+    assert len(lines) == 2 and not any(line.startswith("::") for line in lines)
+    assert lines[0] == "x\\n::error file=ci.yml::pwned.py:1:1: AMP101 msg\\n::warning::also"
+    assert lines[1] == "./::error::a.py:2:3: AMP101 msg"

@@ -33,7 +33,8 @@ def render(report: LintReport, fmt: str) -> str:
     if fmt == "github":
         return "".join(_annotation(v) + "\n" for v in report.violations)
     if fmt == "text":
-        return "".join(f"{v}\n" for v in report.violations)
+        return "".join(f"{_plain_path(v.path)}:{v.line}:{v.col}: {v.code} {_plain(v.message)}\n"
+                       for v in report.violations)
     raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
@@ -45,6 +46,18 @@ def summary(report: LintReport) -> str:
     files = len({v.path for v in report.violations})
     return (f"ampkit lint: {len(report.violations)} violation(s) in {files} file(s), "
             f"{report.files} file(s) checked{fixed}")
+
+
+def _plain(text: str) -> str:
+    """``text`` on one line: control characters as backslash escapes, so a crafted file name cannot start
+    a line of its own (a CI log reads a line that begins with ``::`` as a workflow command)."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def _plain_path(path: str) -> str:
+    """``_plain``, and a path that itself begins with ``::`` shown as ``./::...`` (the same file)."""
+    text = _plain(path)
+    return f"./{text}" if text.startswith("::") else text
 
 
 def _escape_data(text: str) -> str:
