@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -149,3 +150,25 @@ def test_engine_fp16_params_without_scaler_apply_a_step_whose_norm_overflows_fp1
     result = mp.step(opt)
     assert result.grad_norm is not None and not torch.isfinite(result.grad_norm)
     assert result.applied
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_step_with_no_backward_before_it_is_refused_and_changes_nothing(precision: str) -> None:
+    # GradScaler raises "No inf checks were recorded for this optimizer" here; the engine refuses
+    # in every precision, before the optimizer, the step count or the scale move.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    mp = ampkit.MixedPrecision(precision, device="cpu")
+    mp.prepare(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    scale = mp.scale.clone()
+    with pytest.raises(RuntimeError, match=r"mp.step\(SGD\) found no gradient on any parameter: call mp.backward"):
+        mp.step(opt)
+    assert mp.optimizer_steps == 0 and opt.state == {} and sched.last_epoch == 0
+    assert torch.equal(mp.scale, scale) and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with mp.autocast():  # the engine still trains normally afterwards
+        loss = model(torch.randn(3, 4)).float().sum()
+    mp.backward(loss)
+    assert mp.step(opt).optimizer_step == 1
