@@ -1,12 +1,12 @@
 """Residual MLP trained in fp8 whose residual stream grows with depth, in two ways: each block's
 branch writes three times more than the one before it, and one channel of the stream, a bias-like
-"sink" the layers never read (their weights on it stay zero), is amplified a hundredfold by every
-block's skip path.
+"sink" the layers never read (their weights on it stay zero), is amplified 600-fold by every block's
+skip path.
 
-Tensorwise scaling gives each fp8 input one scale, set by its largest value.  The first blocks'
-inputs are fine; the third block's input peaks at about 1.5e4 and the fourth block's at 1.5e6, with
-the other channels of order 1 to 10: after scaling, the rest of the fourth block's input falls below
-e4m3's smallest subnormal and flushes to zero (the third's loses a few percent), so the last block,
+Tensorwise scaling gives each fp8 input one scale, set by its largest value.  The first block's
+input is fine and the second's peaks at about 900 (a tenth of a percent flushes), but the third
+block reads the sink at about 5.5e5 next to other channels of order 1 to 10: after scaling, the
+rest of its input falls below e4m3's smallest subnormal and flushes to zero, so the last block,
 which writes most of the output, computes from nothing.  Activation norms that grow layer after
 layer are the usual behaviour of a residual stack (allenai/OLMo #797); the input of a late fp8 layer
 is where that growth costs precision.
@@ -37,7 +37,7 @@ class Block(nn.Module):
         with torch.no_grad():
             self.proj.weight.mul_(3.0 ** depth)  # each branch writes three times more
         skip = torch.ones(dim)
-        skip[0] = 100.0  # the sink grows a hundredfold per block
+        skip[0] = 600.0  # the sink grows 600-fold per block
         self.register_buffer("skip", skip)
         ignore_sink(self.fc)
 
@@ -49,7 +49,7 @@ class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Linear(32, 64)
-        self.blocks = nn.Sequential(*[Block(depth) for depth in range(4)])
+        self.blocks = nn.Sequential(*[Block(depth) for depth in range(3)])
         self.head = nn.Linear(64, 10)  # 10 targets: not a multiple of 16, so it stays out of fp8
         ignore_sink(self.head)
 

@@ -1,6 +1,6 @@
-"""Fixed variant of fp8_residual_growth.py: the two fc layers whose inputs hold the grown sink are kept out
-of fp8 (fp8_filter=["blocks.2.fc", "blocks.3.fc"]: the doctor verified blocks.3.fc, and blocks.2.fc flushes
-a few percent of its input too); under bf16 autocast their inputs keep the small channels."""
+"""Fixed variant of fp8_residual_growth.py: the last block's fc, whose input holds the grown sink, is kept
+out of fp8 (fp8_filter=["blocks.2.fc"], as the doctor verified); under bf16 autocast its input keeps the
+small channels, and the other layers train in fp8."""
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -27,7 +27,7 @@ class Block(nn.Module):
         with torch.no_grad():
             self.proj.weight.mul_(3.0 ** depth)  # each branch writes three times more
         skip = torch.ones(dim)
-        skip[0] = 100.0  # the sink grows a hundredfold per block
+        skip[0] = 600.0  # the sink grows 600-fold per block
         self.register_buffer("skip", skip)
         ignore_sink(self.fc)
 
@@ -39,7 +39,7 @@ class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Linear(32, 64)
-        self.blocks = nn.Sequential(*[Block(depth) for depth in range(4)])
+        self.blocks = nn.Sequential(*[Block(depth) for depth in range(3)])
         self.head = nn.Linear(64, 10)  # 10 targets: not a multiple of 16, so it stays out of fp8
         ignore_sink(self.head)
 
@@ -48,7 +48,7 @@ class Net(nn.Module):
 
 
 model = Net()
-mp = ampkit.MixedPrecision("fp8", device="cpu", fp8_filter=["blocks.2.fc", "blocks.3.fc"])
+mp = ampkit.MixedPrecision("fp8", device="cpu", fp8_filter=["blocks.2.fc"])  # the last block's fc
 model = mp.prepare(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for i in range(4):
