@@ -99,6 +99,8 @@ def test_doctor_cases_script_reports_expected_codes_and_culprit(
     for code, wanted in case.get("evidence", {}).items():
         evidence = [f["evidence"] for f in findings if f["code"] == code]
         assert any(all(ev.get(k) == v for k, v in wanted.items()) for ev in evidence), (code, evidence)
+    if "fp8_filter" in case:
+        assert doc["fp8_filter"] == case["fp8_filter"], f"verified fp8_filter {doc['fp8_filter']}"
     assert rc == (1 if errors else 0)
 
 

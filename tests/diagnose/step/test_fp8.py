@@ -9,6 +9,7 @@ from torch import nn
 pytest.importorskip("torchao")
 
 from ampkit.diagnose.step.api import diagnose_step
+from ampkit.diagnose.step.compare import GradComparison, precision_findings
 from ampkit.diagnose.step.fp8 import filter_layers, out_of_fp8, strip_fp8
 from ampkit.fp8 import fp8_layer_names, is_float8_linear
 from ampkit.mixed_precision import MixedPrecision
@@ -67,3 +68,38 @@ def test_diagnose_step_fp8_healthy_model_has_no_precision_finding() -> None:
     assert not [f for f in result.findings if f.severity != "info"]
     assert result.comparison["output_sqnr_db"][""] > 15.0  # the shadow is fp32, not fp8: a finite, real gap
     assert result.comparison["output_sqnr_db"][""] < 60.0
+
+
+def _loss_findings(fp8_layers: list[str] | None) -> dict[str, str]:
+    """The fix of each PRECISION_LOSS (activation at '0', gradient at 'norm') of a model 0 -> norm -> 2."""
+    grads = GradComparison(sqnr_db={"0": 30.0, "norm": 3.0, "2": 30.0}, global_sqnr_db=20.0)
+    findings = precision_findings(order=["0", "norm", "2", ""], out_sqnr={"0": 2.0, "norm": 2.0, "2": 2.0, "": 2.0},
+                                  grads=grads, threshold_db=12.0, underflow_threshold=0.01, precision="fp8",
+                                  loss_scale=1.0, step=0, fp8_layers=fp8_layers)
+    return {f.evidence["kind"]: f.fix for f in findings if f.code == "PRECISION_LOSS"}
+
+
+def test_precision_findings_fp8_model_suggests_fp8_filter_for_activations_and_gradients() -> None:
+    fixes = _loss_findings(["0", "2"])
+    assert fixes["activation"].startswith("Keep '0' out of fp8: MixedPrecision(..., fp8_filter=['0'])")
+    # the LayerNorm holds no fp8 layer: its gradient comes back through the fp8 layer after it
+    assert "fp8_filter=['2']" in fixes["gradient"]
+    assert not any("keep_fp32" in fix for fix in fixes.values())
+    assert all("keep_fp32" in fix for fix in _loss_findings(None).values())  # a bf16/fp16 model keeps fp32
+
+
+def test_diagnose_step_fp8_unverified_precision_loss_suggests_fp8_filter() -> None:
+    model, mp = _fp8_model()
+    with torch.no_grad():
+        model[0].weight[:, 0] = 0.0
+    x = torch.randn(64, 32)
+    x[:, 0] = 1e6  # the rest of the first layer's input flushes: its output and the gradients lose the signal
+
+    def run(m: nn.Module) -> torch.Tensor:
+        with mp.autocast():
+            return m(x).float().pow(2).mean()
+
+    result = diagnose_step(model, run, precision="fp8", bisect=False)  # no verified fix replaces the advice
+    losses = [f for f in result.findings if f.code == "PRECISION_LOSS"]
+    assert {f.evidence["kind"] for f in losses} == {"activation", "gradient"}
+    assert all("fp8_filter=" in f.fix and "keep_fp32" not in f.fix for f in losses), [f.fix for f in losses]

@@ -10,7 +10,7 @@ import os
 
 from ampkit.findings import SEVERITY_ORDER, Finding
 
-__all__ = ["display_location", "display_module", "finding_where", "keep_fp32_fix", "sort_findings"]
+__all__ = ["display_location", "display_module", "finding_where", "fp8_filter_fix", "keep_fp32_fix", "sort_findings"]
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
@@ -41,6 +41,19 @@ def keep_fp32_fix(module: str | None, why: str) -> str:
         return why
     return (f"Keep {module!r} in fp32: MixedPrecision(..., keep_fp32=[{module!r}]) "
             f"(or ampkit.keep_fp32(model.get_submodule({module!r})) in a hand-written loop). {why}")
+
+
+def fp8_filter_fix(layers: list[str], why: str = "", *, precision: str | None = None) -> str:
+    """The remedy on a model with fp8 layers: keep ``layers`` out of fp8 (bf16 under autocast).
+
+    >>> fp8_filter_fix(["head"], "Or use bf16.")
+    "Keep 'head' out of fp8: MixedPrecision(..., fp8_filter=['head']). Or use bf16."
+    >>> fp8_filter_fix(["a", "b"], precision="fp8")
+    "Keep 'a', 'b' out of fp8: MixedPrecision('fp8', fp8_filter=['a', 'b'])."
+    """
+    names = ", ".join(repr(n) for n in layers)
+    args = "..." if precision is None else repr(precision)
+    return f"Keep {names} out of fp8: MixedPrecision({args}, fp8_filter={layers!r})." + (f" {why}" if why else "")
 
 
 def finding_where(f: Finding) -> str:

@@ -59,6 +59,7 @@ from ampkit.diagnose.step.result import DiagnosisResult, Headroom
 from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.diagnose.step.trace import TraceLog
 from ampkit.findings import Finding
+from ampkit.fp8 import fp8_layer_names
 from ampkit.precision import Precision
 from ampkit.thresholds import THRESHOLDS, is_borderline
 
@@ -167,7 +168,8 @@ class _Diagnosis:
                     prec = compare.precision_findings(
                         order=lp.recorder.order, out_sqnr=out_sqnr, grads=grads, threshold_db=self.threshold_db,
                         underflow_threshold=self.underflow_threshold, precision=s.precision.name,
-                        loss_scale=s.program.loss_scale, step=self.step)
+                        loss_scale=s.program.loss_scale, step=self.step,
+                        fp8_layers=fp8_layer_names(s.work) if s.exclusion == "fp8_filter" else None)
                     self.findings.extend(prec)
                     # A borderline row asks for no change, so it starts no keep-fp32 search.
                     fixable.extend(f for f in prec if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"

@@ -30,13 +30,15 @@ every CPU, and only a value beyond it is a warning.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ampkit.diagnose.core.display import display_module
+from ampkit.diagnose.core.display import display_module, fp8_filter_fix
 from ampkit.diagnose.core.modules import reduction_dtype
+from ampkit.diagnose.step.fp8 import layers_to_filter
 from ampkit.findings import Finding
 from ampkit.thresholds import THRESHOLDS, Threshold, as_borderline
 
@@ -47,6 +49,7 @@ __all__ = [
     "compare_grads",
     "flush_bound",
     "flushed_shares",
+    "fp8_precision_fix",
     "module_sqnr",
     "precision_findings",
     "sqnr_db",
@@ -166,11 +169,13 @@ def _first_judged(sqnr: dict[str, float], rule: Threshold,
 def precision_findings(
     *, order: list[str], out_sqnr: dict[str, float], grads: GradComparison | None, threshold_db: float,
     underflow_threshold: float, precision: str, loss_scale: float, step: int | None,
+    fp8_layers: Sequence[str] | None = None,
 ) -> list[Finding]:
     """PRECISION_LOSS (activations, gradients) and GRADIENT_UNDERFLOW for a finite step.
 
     A module within the borderline band of ``threshold_db`` is an info row (``ampkit.thresholds``),
-    reported only when no module is clearly below it."""
+    reported only when no module is clearly below it.  ``fp8_layers``: the model's ``Float8Linear``
+    layers on an fp8 model, whose PRECISION_LOSS fix keeps layers out of fp8 (``fp8_filter``)."""
     findings: list[Finding] = []
     rule = THRESHOLDS["PRECISION_LOSS"].at(threshold_db)
     below, borderline = _first_judged(out_sqnr, rule, order)
@@ -182,7 +187,8 @@ def precision_findings(
                      f"(threshold {threshold_db:g} dB: the error is {100 * 10 ** (-value / 20):.0f}% of the signal) "
                      f"with no overflow; it is the first module in forward order below the threshold"),
             fix=(f"Keep {name!r} in fp32 (MixedPrecision(..., keep_fp32=[{name!r}])), or compute its sensitive "
-                 "part (reductions, exp/log, long accumulations) in fp32."),
+                 "part (reductions, exp/log, long accumulations) in fp32." if fp8_layers is None else
+                 fp8_precision_fix(name, fp8_layers, order, gradient=False)),
             module=name, step=step,
             evidence={"kind": "activation", "sqnr_db": value, "threshold_db": threshold_db, "precision": precision,
                       "below_threshold": dict(below[:12]), "judgement": rule.evidence(value)},
@@ -197,7 +203,8 @@ def precision_findings(
                 message=(f"the parameter gradients of {display_module(name)} differ from fp32 by {value:.1f} dB SQNR "
                          f"(threshold {threshold_db:g} dB; global gradient SQNR {grads.global_sqnr_db:.1f} dB)"),
                 fix=(f"Keep {name!r} in fp32 (MixedPrecision(..., keep_fp32=[{name!r}])); for fp16 check the loss "
-                     "scale is high enough that small gradients keep their precision."),
+                     "scale is high enough that small gradients keep their precision." if fp8_layers is None else
+                     fp8_precision_fix(name, fp8_layers, order, gradient=True)),
                 module=name, step=step,
                 evidence={"kind": "gradient", "sqnr_db": value, "threshold_db": threshold_db,
                           "global_sqnr_db": grads.global_sqnr_db, "below_threshold": dict(gbelow[:12]),
@@ -209,6 +216,24 @@ def precision_findings(
         if underflow is not None:
             findings.append(underflow)
     return findings
+
+
+def fp8_precision_fix(module: str, fp8_layers: Sequence[str], order: Sequence[str], *, gradient: bool) -> str:
+    """PRECISION_LOSS's fix on an fp8 model: keep the fp8 layer that loses the precision out of fp8.
+
+    >>> fp8_precision_fix("norm", ["body.0", "head"], ["body.0", "norm", "head", ""], gradient=True)
+    "'norm' holds no fp8 layer; its gradient comes back through 'head'. Keep 'head' out of fp8: \
+MixedPrecision(..., fp8_filter=['head']). Out of fp8 a layer computes in bf16 under autocast."
+    """
+    what = "gradient comes back through" if gradient else "input comes through"
+    layers = layers_to_filter(module, fp8_layers, order, gradient=gradient)
+    if not layers:
+        return (f"Keep the fp8 layers next to {module!r} out of fp8 (MixedPrecision(..., fp8_filter=[...])); out "
+                "of fp8 a layer computes in bf16 under autocast.")
+    why = "Out of fp8 a layer computes in bf16 under autocast."
+    if layers == [module]:
+        return fp8_filter_fix(layers, why)
+    return f"{module!r} holds no fp8 layer; its {what} {layers[0]!r}. " + fp8_filter_fix(layers, why)
 
 
 def flushed_shares(grads: GradComparison) -> list[tuple[str, float, int, int]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ampkit.diagnose.core.display import display_module, keep_fp32_fix
+from ampkit.diagnose.core.display import display_module, fp8_filter_fix, keep_fp32_fix
 from ampkit.diagnose.step.bisect import BisectOutcome
 from ampkit.findings import Finding
 
@@ -60,10 +60,10 @@ def effect_finding(finding: Finding, outcome: BisectOutcome, out_sqnr: dict[str,
                f"with no overflow: {kept} alone, it brings the model output from {_db(before)} to {_db(after)} "
                f"SQNR against fp32 (threshold {threshold:g} dB){shows}" if isinstance(threshold, float) else
                f"{display_module(culprit)} loses the signal with no overflow{shows}")
-    fix = (f"Keep {culprit!r} out of fp8: MixedPrecision(..., fp8_filter=[{culprit!r}])." if exclusion == "fp8_filter"
-           else None) or keep_fp32_fix(culprit, "Or compute its sensitive part in fp32 (products of large values such as "
-                                 "timesteps times frequencies, sums over long ranges, E[x^2] - E[x]^2), or remove "
-                                 "the large offset from its input (center coordinates, normalise time).")
+    fix = fp8_filter_fix([culprit]) if exclusion == "fp8_filter" else keep_fp32_fix(
+        culprit, "Or compute its sensitive part in fp32 (products of large values such as timesteps times "
+                 "frequencies, sums over long ranges, E[x^2] - E[x]^2), or remove the large offset from its input "
+                 "(center coordinates, normalise time).")
     evidence = {
         **finding.evidence, "judged_by": "output_effect", "first_below_threshold": first, "module_sqnr_db": own,
         "output_sqnr_db_before": before, "output_sqnr_db_after": after,

@@ -32,7 +32,8 @@ from ampkit.fp8 import fp8_layer_names, is_float8_linear
 from ampkit.policy import resolve_keep_fp32
 from ampkit.precision import Precision
 
-__all__ = ["filter_layers", "fp8_candidates_only", "fp8_precision", "fp8_recipe", "out_of_fp8", "strip_fp8"]
+__all__ = ["filter_layers", "fp8_candidates_only", "fp8_precision", "fp8_recipe", "layers_to_filter", "out_of_fp8",
+           "strip_fp8"]
 
 
 def fp8_recipe(model: nn.Module) -> str | None:
@@ -100,3 +101,28 @@ def fp8_candidates_only(model: nn.Module, order: Sequence[str], candidates: list
     ordered = [n for n in dict.fromkeys(order) if n in layers]
     narrowed = list(dict.fromkeys([*(c for c in candidates if c in layers), *ordered]))
     return narrowed, (ordered[:limit] if scan is not None else None)
+
+
+def layers_to_filter(module: str, fp8_layers: Sequence[str], order: Sequence[str], *, gradient: bool) -> list[str]:
+    """The fp8 layers to keep out of fp8 for a PRECISION_LOSS at ``module`` (forward ``order``).
+
+    ``module`` itself when it is or holds an fp8 layer; otherwise the fp8 layer its values came
+    through: for an activation the nearest one before it in forward order, for a gradient the
+    nearest one after it (the gradient comes back through that layer's backward).  Empty when
+    there is none.
+
+    >>> layers = ["body.0", "head"]
+    >>> order = ["body.0", "body", "norm", "head", ""]
+    >>> layers_to_filter("head", layers, order, gradient=False), layers_to_filter("body", layers, order, gradient=True)
+    (['head'], ['body'])
+    >>> layers_to_filter("norm", layers, order, gradient=True), layers_to_filter("norm", layers, order, gradient=False)
+    (['head'], ['body.0'])
+    """
+    if module and any(n == module or n.startswith(module + ".") for n in fp8_layers):
+        return [module]
+    names = list(dict.fromkeys(order))
+    if module not in names:
+        return []
+    at = names.index(module)
+    side = names[at + 1:] if gradient else reversed(names[:at])
+    return next(([n] for n in side if n in set(fp8_layers)), [])

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit.diagnose.core.display import display_module
+from ampkit.diagnose.core.display import display_module, fp8_filter_fix
 from ampkit.diagnose.step.compare import sqnr_db
 from ampkit.diagnose.step.session import Session
 from ampkit.findings import Finding
@@ -168,9 +168,9 @@ def flush_findings(table: dict[str, dict[str, dict[str, Any]]], *, precision: st
                      f"falls below fp8's smallest subnormal; the fp8 round trip of the {operand} is "
                      f"{e['sqnr_db']:.1f} dB SQNR" + (f", and fp8-rowwise would flush {rowwise:.1%}"
                                                          if rowwise is not None else "")),
-            fix=(f"Keep the layer out of fp8: MixedPrecision({precision!r}, fp8_filter=[{layer!r}])"
-                 + ("; or use 'fp8-rowwise', whose per-row scales keep these values" if helps else "")
-                 + "; or tame the outliers (a norm before the layer, a smaller loss weight range)."),
+            fix=fp8_filter_fix([layer], ("Or use 'fp8-rowwise', whose per-row scales keep these values; or"
+                                         if helps else "Or") + " tame the outliers (a norm before the layer, a "
+                               "smaller loss weight range).", precision=precision),
             evidence={"operand": operand, **e, "operands": table[layer], "judgement": rule.evidence(frac)},
         )
         findings.append(as_borderline(finding, rule, frac) if borderline else finding)
