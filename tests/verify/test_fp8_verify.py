@@ -13,12 +13,15 @@ from tests.verify.verify_helpers import task_ref, verify
 
 
 def test_verify_runs_both_fp8_recipes_and_notes_the_cpu_emulation(tmp_path: Path) -> None:
-    job = verify(tmp_path, task_ref("Regression"), "--precisions", "fp32,fp8,fp8-rowwise", "--seed", "7")
+    # 20 steps and no noise run: this is about the fp8 workers and the report, not the verdict's weight
+    # (each fp8 worker imports torchao, about 2 s, and emulates its GEMMs on the CPU).
+    job = verify(tmp_path, task_ref("Regression"), "--precisions", "fp32,fp8,fp8-rowwise", "--seed", "7",
+                 "--steps", "20", "--no-noise-band")
     report = job.report
     assert report["protocol"]["precisions"] == ["fp32", "fp8", "fp8-rowwise"]
     for precision in ("fp8", "fp8-rowwise"):
         run = job.run(precision)
-        assert run["status"] == "ok" and len(run["loss"]) == 40, run.get("log_tail")
+        assert run["status"] == "ok" and len(run["loss"]) == 20, run.get("log_tail")
         assert run["init_sha256"] == job.run("fp32")["init_sha256"]  # converted after hashing the fp32 weights
         entry = job.comparison(precision)
         assert entry["verdict"] != "fail", entry["reasons"]
