@@ -293,3 +293,36 @@ def test_checkpoint_scheduler_of_another_kind_raises_and_leaves_everything_untou
     with pytest.raises(CheckpointError, match=r"scheduler\[0\] \(CosineAnnealingLR\): the saved state lacks \['T_max'"):
         ampkit.load_checkpoint(tmp_path / "ck.pt", model=target, optimizer=opt2, scheduler=sched)
     assert _unchanged(before, target) and not opt2.state and sched.state_dict() == sched_before
+
+
+def _drop(key: str):
+    return lambda payload: payload.pop(key)
+
+
+def _bad_rng(payload: dict) -> None:
+    payload["rng"]["torch"] = torch.zeros(3, dtype=torch.uint8)  # torch's CPU generator state is 5056 bytes
+
+
+def _string_step(payload: dict) -> None:
+    payload["optimizer"][0]["state"][0]["step"] = "ten"
+
+
+@pytest.mark.parametrize(("tamper", "message"), [
+    (_drop("rng"), "without its 'rng' entries"),
+    (_drop("extra"), "without its 'extra' entries"),
+    (_bad_rng, "the saved RNG state cannot be restored"),
+    (_string_step, r"parameter 0 step: a str, not a number"),
+], ids=["no-rng", "no-extra", "bad-rng-tensor", "string-step"])
+def test_checkpoint_malformed_parts_raise_before_anything_is_loaded(tmp_path, tamper, message: str) -> None:
+    payload = torch.load(_saved(tmp_path), weights_only=True)
+    tamper(payload)
+    path = tmp_path / "tampered.pt"
+    torch.save(payload, path)
+    model = TinyNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", grad_accumulation=2)
+    before, rng = _params(model), torch.get_rng_state()
+    with pytest.raises(CheckpointError, match=message):
+        ampkit.load_checkpoint(path, model=model, optimizer=opt, engine=mp)
+    assert _unchanged(before, model) and not opt.state and mp.optimizer_steps == 0 and mp.micro_step == 0
+    assert torch.equal(torch.get_rng_state(), rng)  # the trial restore of the saved RNG put the current one back

@@ -204,7 +204,16 @@ def _read(path: Path, map_location: Any) -> dict[str, Any]:
             f"{str(path)!r} is not an ampkit checkpoint (format {payload.get('format') if isinstance(payload, dict) else None!r}, "
             f"expected {FORMAT!r}); load it with torch.load(..., weights_only=True) yourself"
         )
+    missing = [key for key in _REQUIRED if key not in payload]
+    if missing:
+        raise CheckpointError(f"{str(path)!r} is an ampkit checkpoint without its {', '.join(map(repr, missing))} "
+                              "entries (save_checkpoint always writes them): it was altered or written by other code; "
+                              "nothing was loaded")
     return payload
+
+
+_REQUIRED = ("model", "optimizer", "scheduler", "rng", "extra")
+"""The entries every save_checkpoint writes; ``engine`` may be None, ``grads`` exists mid-window only."""
 
 
 def _corrupted(path: Path, exc: BaseException) -> CheckpointError:
@@ -250,6 +259,8 @@ def load_checkpoint(
     # Every part is checked against its target before the first one is written, so a checkpoint
     # that does not fit leaves model, optimizer, scheduler and engine exactly as they were.
     _check_fits(str(p), payload, model, opts, scheds, engine)
+    if restore_rng:
+        _check_rng(str(p), payload["rng"])
     model.load_state_dict(payload["model"])
     for o, sd in zip(opts, payload["optimizer"]):
         o.load_state_dict(sd)
@@ -291,11 +302,27 @@ def _check_fits(where: str, payload: dict[str, Any], model: nn.Module, opts: lis
         _check_optimizer(f"{where}: optimizer[{i}] ({type(o).__name__})", o, sd)
     for i, (s, sd) in enumerate(zip(scheds, payload["scheduler"])):
         _check_scheduler(f"{where}: scheduler[{i}] ({type(s).__name__})", s, sd)
+    if not isinstance(payload["extra"], dict):
+        raise CheckpointError(f"{where}: the extra entry is a {type(payload['extra']).__name__}, not a dict")
     if engine is not None:
         try:
             engine.check_state_dict(payload["engine"])
         except (ValueError, TypeError, RuntimeError) as exc:
             raise CheckpointError(f"{where}: the engine state does not fit: {exc}") from exc
+
+
+def _check_rng(where: str, saved: Any) -> None:
+    """Try the saved RNG states for real and put the current ones back: a malformed one raises here,
+    before the model is touched, with the error that restoring it would give."""
+    current = capture_rng_state()
+    try:
+        restore_rng_state(saved)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
+        raise CheckpointError(f"{where}: the saved RNG state cannot be restored ({type(exc).__name__}: {exc}); nothing "
+                              "was loaded. Pass restore_rng=False to resume without it (the run will not be "
+                              "bit-identical)") from None
+    finally:
+        restore_rng_state(current)
 
 
 def _check_tensors(where: str, label: str, saved: Any, target: dict[str, Any], fix: str, subset: bool = False) -> None:
@@ -335,6 +362,9 @@ def _check_optimizer(where: str, opt: Any, saved: Any) -> None:
         if p is None or not isinstance(entry, dict):
             continue
         own = opt.state.get(p, {})
+        step = entry.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float, torch.Tensor))):
+            bad.append(f"parameter {pid} step: a {type(step).__name__}, not a number")
         for key, v in entry.items():
             if not isinstance(v, torch.Tensor) or v.dim() == 0:
                 continue
