@@ -255,3 +255,35 @@ def test_telemetry_refuses_a_flush_interval_whose_buffer_would_not_fit() -> None
     with pytest.raises(ValueError, match=f"flush_every=1000000000.*from 1 to {MAX_FLUSH_EVERY}"):
         Telemetry(flush_every=10**9)
     assert Telemetry(flush_every=MAX_FLUSH_EVERY).flush_every == MAX_FLUSH_EVERY
+
+
+def test_telemetry_writes_its_pending_records_when_the_process_ends_without_close(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "tel.jsonl"
+    script = textwrap.dedent(f"""
+        import torch, ampkit
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        tel = ampkit.Telemetry([ampkit.JsonlSink({str(out)!r})], flush_every=50, alarms=())
+        mp = ampkit.MixedPrecision("fp16", device="cpu", telemetry=tel)
+        mp.prepare(model)
+        for step in range(120):
+            x = torch.randn(8, 4)
+            if step == 115:
+                x[0, 0] = float("inf")  # the step that went wrong, among the last unflushed ones
+            with mp.autocast():
+                loss = model(x).float().pow(2).mean()
+            mp.backward(loss)
+            mp.step(opt)
+        raise RuntimeError("the training script crashed before mp.close()")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "crashed before mp.close()" in proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 121))  # 100 flushed in the run, 20 at exit
+    assert records[115]["loss_nonfinite"] and records[115]["skipped"]

@@ -23,6 +23,7 @@ actions run.  Between flushes nothing reaches the host, so alarms react up to
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import warnings
@@ -37,10 +38,11 @@ from ampkit._util.dtensor import local_shard
 from ampkit.engine import Engine
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
+from ampkit.telemetry.exitflush import close_at_exit
 from ampkit.telemetry.fp8stats import Fp8Stats
 from ampkit.telemetry.metrics import COL, GradCounter, MetricBuffer, ModuleAbsmax
 from ampkit.telemetry.records import StepMeta, current_rank, floating_tensors, make_record
-from ampkit.telemetry.sinks import CallbackSink, Sink, SinkFailedWarning
+from ampkit.telemetry.sinks import Sink, SinkFailedWarning, as_sink
 from ampkit.telemetry.source import StepSource
 
 __all__ = ["MAX_FLUSH_EVERY", "Telemetry"]
@@ -117,7 +119,7 @@ class Telemetry(EngineHook):
         self.watch_inputs = watch_inputs
         if isinstance(sinks, Sink) or callable(sinks):
             sinks = [sinks]
-        self.sinks: list[Sink] = [_as_sink(s) for s in sinks]
+        self.sinks: list[Sink] = [as_sink(s) for s in sinks]
         alarm_list = default_alarms() if alarms is None else list(alarms)
         for a in alarm_list:
             if not isinstance(a, Alarm):
@@ -171,6 +173,10 @@ class Telemetry(EngineHook):
         for m in self.monitors:
             m.bind(source)
         self._watch_new_models()
+        # A run that ends without close() (an exception, sys.exit) still writes the rows it holds:
+        # the last ones are often the steps that went wrong.  A weak reference, so the hook keeps
+        # nothing alive; SIGKILL, and SIGTERM without a handler, end the process before any hook.
+        self._exit_hook = close_at_exit(self)
 
     def _watch_new_models(self) -> None:
         source = self.engine
@@ -398,6 +404,8 @@ class Telemetry(EngineHook):
         """Flush what is pending, close the sinks, remove the input hooks.  Idempotent."""
         if self._closed:
             return
+        if hasattr(self, "_exit_hook"):
+            atexit.unregister(self._exit_hook)
         try:
             self.flush()
         finally:
@@ -434,12 +442,3 @@ class Telemetry(EngineHook):
 
 def _close(sink: Sink) -> None:
     sink.close()
-
-
-def _as_sink(obj: Any) -> Sink:
-    if isinstance(obj, Sink):
-        return obj
-    if callable(obj):
-        return CallbackSink(obj)
-    raise TypeError(f"Telemetry(sinks=[..., {obj!r}]): a sink must be an ampkit.telemetry Sink (JsonlSink, "
-                    "TensorBoardSink, ProgressSink, CallbackSink) or a callable taking one record")

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from ampkit._util.jsonfloat import NONFINITE_AS_TOKEN, dumps
 
-__all__ = ["CallbackSink", "JsonlSink", "ProgressSink", "Sink", "SinkFailedWarning", "TensorBoardSink"]
+__all__ = ["CallbackSink", "JsonlSink", "ProgressSink", "Sink", "SinkFailedWarning", "TensorBoardSink", "as_sink"]
 
 Record = dict[str, Any]
 
@@ -217,3 +217,13 @@ class CallbackSink(Sink):
 
 def _fmt(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def as_sink(obj: Any) -> Sink:
+    """``obj`` as a sink: a Sink itself, or a callable taking one record wrapped in a ``CallbackSink``."""
+    if isinstance(obj, Sink):
+        return obj
+    if callable(obj):
+        return CallbackSink(obj)
+    raise TypeError(f"Telemetry(sinks=[..., {obj!r}]): a sink must be an ampkit.telemetry Sink (JsonlSink, "
+                    "TensorBoardSink, ProgressSink, CallbackSink) or a callable taking one record")
