@@ -31,7 +31,7 @@ from torch import nn
 
 from ampkit import _boundary
 from ampkit import hooks as _hooks
-from ampkit._guards import check_has_grads, check_optimizer, check_param
+from ampkit._guards import check_optimizer, check_param, no_gradients_error
 from ampkit._state import EngineState, check_engine_state
 from ampkit._util.nested import flatten_tensors
 from ampkit.config import EngineConfig
@@ -286,7 +286,8 @@ class Engine:
             self._check_optimizer(opt)
         scale = self.scale
         per_opt_found, grad_norm = self._unscale_and_clip(opts)
-        check_has_grads(opts)  # after the unscale hooks: their refusals name a more specific cause
+        if grad_norm is None:  # no parameter had a gradient; after the unscale hooks, whose refusals say more
+            raise no_gradients_error(opts)
         found_inf = per_opt_found[0] if len(per_opt_found) == 1 else torch.stack(per_opt_found).sum()
         for hook in self._hooks:
             hook.before_optimizer_step(self, opts, found_inf, grad_norm)
