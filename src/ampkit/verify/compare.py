@@ -73,6 +73,10 @@ class Tolerances:
     smooth: int | None = None
     """Moving-average window for the loss distance; None: ``max(1, round(steps / 20))``."""
 
+    def window(self, steps: int) -> int:
+        """The loss-smoothing window of a run of ``steps`` steps: ``smooth``, else ``max(1, round(steps / 20))``."""
+        return self.smooth or max(1, round(steps / 20))
+
     def for_metric(self, name: str) -> float:
         return self.metric_overrides.get(name, self.metric)
 
@@ -170,7 +174,7 @@ def band_from_runs(base: dict[str, Any], noise: dict[str, Any] | None, *, metric
     if noise is None or noise.get("status") != "ok":
         error = (noise or {}).get("error") or "no result"
         return Band(None, {}, k, missing=f"the fp32 noise run {(noise or {}).get('status', 'failed')}: {error}")
-    window = tol.smooth or max(1, round(steps / 20))
+    window = tol.window(steps)
     dist = loss_distance(noise.get("shadow_loss") or [], base["loss"], warmup=warmup, window=window)
     widths = {name: metric_band((noise.get("eval") or {}).get(name), (base.get("eval") or {}).get(name))
               for name in metrics}
@@ -184,7 +188,7 @@ def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: 
 
     ``band``: the fp32 noise band; None is the single-run protocol (pass or fail only).
     """
-    window = tol.smooth or max(1, round(steps / 20))
+    window = tol.window(steps)
     base = next((r for r in runs if r["precision"] == "fp32"), None)
     entries = []
     for run in runs:

@@ -37,7 +37,7 @@ from ampkit._util.version import __version__
 from ampkit.precision import Precision, PrecisionError, resolve_device
 from ampkit.tasks import Task, load_task, split_task_ref
 from ampkit.verify.compare import LOSS_DISTANCE_DEFINITION, Tolerances, band_from_runs, compare_runs
-from ampkit.verify.noise import BAND_DEFINITION, MIN_RESOLVED_STEPS, NOISE_K, NOISE_SEED_OFFSET
+from ampkit.verify.noise import BAND_DEFINITION, MIN_RESOLVED_STEPS, NOISE_K, noise_data_seed
 from ampkit.verify.runner import NOISE_PART, ProgressCallback, run_precision, tagged
 from ampkit.verify.shape import VerifyError, resized, run_shape
 
@@ -261,7 +261,7 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
             "nproc": p.nproc,
             "size": p.size,
             "noise_band": {"enabled": p.noise_band, "k": config.noise_k, "min_resolved_steps": MIN_RESOLVED_STEPS,
-                           "data_seed": p.seed + NOISE_SEED_OFFSET if p.noise_band else None,
+                           "data_seed": noise_data_seed(p.seed) if p.noise_band else None,
                            "definition": BAND_DEFINITION},
             **({"time_budget": budget} if budget is not None else {}),
         },

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["BAND_DEFINITION", "MIN_RESOLVED_STEPS", "NOISE_K", "NOISE_SEED_OFFSET", "Judgement", "judge",
-           "metric_band"]
+           "metric_band", "noise_data_seed"]
 
 NOISE_K = 3.0
 """A difference counts only beyond 3 bands: one noise run estimates the band from a single sample, so
@@ -46,6 +46,11 @@ BAND_DEFINITION = (
     "metric's band is |noise - fp32| / |fp32| of its final value. pass: d <= tol and k*b <= tol with enough "
     "steps; fail: d > tol and d > k*b; inconclusive otherwise"
 )
+
+
+def noise_data_seed(seed: int) -> int:
+    """The noise run's data-order seed for a run seeded ``seed``."""
+    return seed + NOISE_SEED_OFFSET
 
 
 @dataclass(frozen=True)

@@ -333,6 +333,7 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
     info_rows = [[(_e(k), False), (_e(v), False)] for k, v in _flatten(task.get("info") or {})]
     env_rows = [[(_e(k), False), (_e(v), False)] for k, v in _flatten(report["environment"])]
     title = f"ampkit verify: {task['name']}"
+    size = size_text(report)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{_CSP}">
@@ -340,7 +341,7 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
 <title>{_e(title)}</title><style>{_CSS}</style></head>
 <body>
 <h1>{_e(title)} <span class="badge {_e(verdict)}" id="verdict">{_e(verdict.upper())}</span></h1>
-<p class="meta">Task <code>{_e(task['ref'])}</code>{f" · {_e(size_text(report))}" if size_text(report) else ""} · device {_e(proto['device'])} · {_e(proto['steps'])} steps
+<p class="meta">Task <code>{_e(task['ref'])}</code>{f" · {_e(size)}" if size else ""} · device {_e(proto['device'])} · {_e(proto['steps'])} steps
 ({_e(proto['warmup'])} warm-up) · seed {_e(proto['seed'])} · eval every {_e(proto['eval_every'])} steps ·
 {_e(report['created'])} · ampkit {_e(report['ampkit_version'])}</p>
 {"".join(f'<p class="callout">{_e(line)}</p>' for line in callouts(report))}

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit._util.version import PACKAGE_DIR
-from ampkit.verify.noise import NOISE_SEED_OFFSET
+from ampkit.verify.noise import noise_data_seed
 from ampkit.verify.worker import PROGRESS_PREFIX
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
             "warmup": p.warmup, "seed": p.seed, "eval_every": p.eval_every, "result": str(result_path),
             "size": p.size}
     if part == NOISE_PART:
-        spec.update(data_seed=p.seed + NOISE_SEED_OFFSET, shadow_seed=p.seed)
+        spec.update(data_seed=noise_data_seed(p.seed), shadow_seed=p.seed)
     if nproc is not None:
         from ampkit.verify.launch import run_torchrun
 
