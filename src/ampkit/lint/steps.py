@@ -26,8 +26,7 @@ from ampkit.lint.context import FileContext, scaled_receiver
 from ampkit.lint.flow import Scope, Site
 from ampkit.lint.paths import CALL, Event, Path, build_paths
 
-__all__ = ["CLIPS", "SCALER_TOKENS", "StepEvent", "is_boundary_test", "is_torch_clip", "scaled_backward_keys",
-           "step_events", "step_paths"]
+__all__ = ["CLIPS", "SCALER_TOKENS", "StepEvent", "is_backward_call", "is_boundary_test", "is_torch_clip", "scaled_backward_keys", "step_events", "step_paths"]
 
 SCALER_TOKENS = ("GradScaler", "unscale_", ".scale(")
 """A file with none of these holds no GradScaler a rule could follow (a substring screen)."""
@@ -186,3 +185,10 @@ def _last_micro_step(node: ast.Compare, counters: set[str]) -> bool:
                 not isinstance(bound.left, ast.Constant):
             return True
     return False
+
+
+def is_backward_call(ctx: FileContext, call: ast.Call) -> bool:
+    """``x.backward(...)`` on any receiver, or ``torch.autograd.backward(...)`` under any import name."""
+    func = call.func
+    return (isinstance(func, ast.Attribute) and func.attr == "backward") or \
+        ctx.qualname(func) == "torch.autograd.backward"

@@ -71,9 +71,10 @@ def roundtrip_stats(x: torch.Tensor, specs: tuple[CastSpec, ...]) -> torch.Tenso
     worst = torch.zeros((), dtype=torch.float64, device=x.device)
     for spec in specs:
         fmax = torch.finfo(spec.dtype).max
-        scaled = x32 * spec_scale(ax, spec)
+        scale = spec_scale(ax, spec)
+        scaled = x32 * scale
         saturated |= scaled.abs() > fmax * _ROUNDING
-        back = scaled.clamp(-fmax, fmax).to(spec.dtype).to(torch.float32) / spec_scale(ax, spec)
+        back = scaled.clamp(-fmax, fmax).to(spec.dtype).to(torch.float32) / scale
         worst = torch.maximum(worst, torch.linalg.vector_norm(x32 - back).double().square())
     signal = torch.linalg.vector_norm(x32).double().square()
     return torch.stack([saturated.sum().double(), signal, worst])

@@ -17,6 +17,7 @@ from ampkit.lint.context import FileContext
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.flow import Scope, Site
 from ampkit.lint.paths import CALL, ITER, LOOP, Path, build_paths
+from ampkit.lint.steps import is_backward_call
 
 __all__ = ["RULES"]
 
@@ -80,12 +81,6 @@ def _compiles(ctx: FileContext) -> bool:
     return False
 
 
-def _is_backward(ctx: FileContext, call: ast.Call) -> bool:
-    func = call.func
-    return (isinstance(func, ast.Attribute) and func.attr == "backward") or \
-        ctx.qualname(func) == "torch.autograd.backward"
-
-
 _NO_COMPILE = ("in a file that never calls torch.compile: torchao's float8 layers need compile to fuse their "
                "scaling and casting kernels, and without it fp8 can be slower than bf16")
 
@@ -108,7 +103,7 @@ def amp117(ctx: FileContext) -> Iterator[Hit]:
     # The loop that trains is where compile belongs; a helper module that only converts is not
     # judged, nor is a test, which runs eager on purpose (it checks numerics, not speed).
     if found and not _compiles(ctx) and not _is_test_file(ctx) \
-            and any(_is_backward(ctx, s.node) for _, s in ctx.calls()):  # type: ignore[arg-type]
+            and any(is_backward_call(ctx, s.node) for _, s in ctx.calls()):  # type: ignore[arg-type]
         yield from found
 
 
@@ -186,7 +181,7 @@ def _loop_kinds(ctx: FileContext, scope: Scope) -> tuple[dict[int, str], dict[in
         assert isinstance(call, ast.Call)
         if _torchao(ctx, call.func, PRECOMPUTE):
             kind = "precompute"
-        elif _is_backward(ctx, call):
+        elif is_backward_call(ctx, call):
             kind = "backward"
         elif _optimizer_step(ctx, call, scope):
             kind = "step"

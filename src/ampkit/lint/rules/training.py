@@ -10,6 +10,7 @@ from ampkit.lint.astutil import call_arg, expr_key
 from ampkit.lint.context import CAST_METHODS, LOW, TORCH_DTYPE_NAMES, FileContext
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.flow import Scope, Site
+from ampkit.lint.steps import is_backward_call
 
 __all__ = ["RULES"]
 
@@ -79,16 +80,13 @@ def amp107(ctx: FileContext) -> Iterator[Hit]:
 
 
 def _is_step_or_backward(ctx: FileContext, call: ast.Call, scope: Scope) -> str | None:
+    if is_backward_call(ctx, call):
+        return "backward()" if isinstance(call.func, ast.Attribute) else "torch.autograd.backward()"
     func = call.func
-    if isinstance(func, ast.Attribute):
-        if func.attr == "backward":
-            return "backward()"
-        if func.attr == "step":
-            key = expr_key(func.value)
-            if ctx.is_optimizer(key, scope) or ctx.is_scaler(key, scope):
-                return f"{key}.step()"
-    elif ctx.qualname(func) == "torch.autograd.backward":
-        return "torch.autograd.backward()"
+    if isinstance(func, ast.Attribute) and func.attr == "step":
+        key = expr_key(func.value)
+        if ctx.is_optimizer(key, scope) or ctx.is_scaler(key, scope):
+            return f"{key}.step()"
     return None
 
 
