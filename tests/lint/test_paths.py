@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import tracemalloc
 
 from ampkit.lint.flow import build_flow
 from ampkit.lint.paths import MAX_PATHS, Path, build_paths
@@ -128,3 +129,30 @@ def test_paths_past_the_limit_are_dropped_and_marked_incomplete() -> None:
     paths, complete = _paths("def f():\n" + body)
     assert not complete
     assert 0 < len(paths) <= MAX_PATHS
+
+
+def test_paths_past_the_limit_keep_both_sides_of_every_later_test() -> None:
+    body = "".join(f"    if c{i}:\n        a{i}()\n" for i in range(12))  # 4096 paths
+    paths, complete = _paths("def f():\n" + body)
+    assert not complete
+    for line in (2 + 2 * 11, 2 + 2 * 9):  # the last test, and one met when the limit was reached
+        sides = {word for p in paths for word in _trace(p) if word.startswith(f"if:{line}:")}
+        assert sides == {f"if:{line}:T", f"if:{line}:F"}
+
+
+def test_paths_memory_of_a_300_branch_function_is_bounded() -> None:
+    # 300 `if c[i]:` blocks, each holding a scaler call: the model holds MAX_PATHS paths of ~600
+    # events (about 4 MiB here); it used to copy every decided test into every path at every `if`
+    # as well (60 MiB at its peak, O(branches^2) per path).  The bound is generous on purpose.
+    calls = ("scaler.scale(loss).backward()", "scaler.step(opt)", "scaler.update()")
+    body = "".join(f"    if c[{i}]:\n        {calls[i % 3]}\n" for i in range(300))
+    flow = build_flow(ast.parse("def train(scaler, opt, loss, c):\n" + body))
+    tracemalloc.start()
+    try:
+        paths, complete = build_paths(flow.scopes[1], lambda site: True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not complete and len(paths) == MAX_PATHS
+    assert all(sum(ev.kind == "branch" for ev in p) == 300 for p in paths)  # every `if` on every path
+    assert peak < 32 * 2**20, f"build_paths peaked at {peak / 2**20:.1f} MiB"

@@ -17,14 +17,17 @@ matter (the calls a rule asked about, and the jumps ``continue`` / ``break`` / `
   off the end; ``raise`` ends it with ``RAISE``.  An exception handler is a path that skips its
   ``try`` body (the exception came first); handlers holding nothing of interest are not followed.
 - statements and ``if``s that hold nothing of interest are skipped without forking, so the number
-  of paths grows only with the branches that matter.  Past ``MAX_PATHS`` the remaining paths are
-  dropped: every path kept is still a real path, so a rule that reports what happens on *some*
-  path stays precise and only loses recall on such functions.
+  of paths grows only with the branches that matter.  Past ``MAX_PATHS`` paths are dropped,
+  evenly over the paths so far and keeping at least half the room for each side of an ``if``
+  that needs it, so both sides of every test stay on some kept path: every path kept is still a
+  real path, so a rule that reports what happens on *some* path stays precise and only loses
+  recall on such functions.  Cost: O(MAX_PATHS x events) per function, linear in its length.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -59,10 +62,15 @@ class Event:
 Path = tuple[Event, ...]
 
 # A path under construction: a linked list of events (shared prefixes, O(1) append) and the tests
-# decided so far, as (test key, outcome) pairs.
+# decided so far that another ``if`` of the function tests again, test key -> outcome.  Only those
+# are kept: a fact nobody asks about again would cost a copy per state and ``if`` for nothing
+# (with every fact kept, a function of n ``if``s cost O(n^2) per path).  The mapping is shared
+# between states and copied only when a re-tested fact is added.
 _Chain = tuple[Event, "_Chain"] | None
-_State = tuple[_Chain, tuple[tuple[str, bool], ...]]
+_Facts = dict[str, bool]
+_State = tuple[_Chain, _Facts]
 _Outcomes = dict[str, list[_State]]
+_NO_FACTS: _Facts = {}
 
 
 def test_key(test: ast.expr) -> tuple[str, bool]:
@@ -106,7 +114,7 @@ def build_paths(scope: Scope, wanted: Callable[[Site], bool]) -> tuple[list[Path
     walker = _Paths(scope, wanted)
     node = scope.node
     body = node.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)) else []
-    out = walker.block(body, [(None, ())])
+    out = walker.block(body, [(None, _NO_FACTS)])
     paths = [_unwind(_push(s, Event(END, node))) for s in (*out["next"], *out["return"])]
     paths += [_unwind(_push(s, Event(RAISE, node))) for s in out["raise"]]
     return paths, walker.complete
@@ -125,26 +133,42 @@ def _unwind(state: _State) -> Path:
     return tuple(reversed(events))
 
 
+def _spread(states: list[_State], keep: int) -> list[_State]:
+    """``keep`` of ``states`` at even intervals (in order): the sample keeps the mix of earlier
+    decisions that the list has."""
+    total = len(states)
+    if total <= keep:
+        return states
+    return [states[i * total // keep] for i in range(keep)]
+
+
 def _empty() -> _Outcomes:
     return {name: [] for name in _OUTCOMES}
 
 
 class _Paths:
-    __slots__ = ("calls", "complete", "relevant")
+    __slots__ = ("calls", "complete", "relevant", "retested", "tests")
 
     def __init__(self, scope: Scope, wanted: Callable[[Site], bool]) -> None:
         self.calls: dict[int, list[Site]] = {}
         self.relevant: set[int] = set()
         self.complete = True
+        self.tests: dict[int, tuple[str, bool, _Facts, _Facts]] = {}
+        """``id(if)`` -> its test key, polarity, and the re-tested facts each outcome decides."""
+        ifs: dict[int, ast.If] = {}
         marked: Iterable[Site] = scope.jumps
         for site in scope.calls:
             if wanted(site):
                 self.calls.setdefault(id(site.stmt), []).append(site)
                 self.relevant.add(id(site.stmt))
                 self.relevant.update(id(f[0]) for f in site.frames)
+                ifs.update((id(f[0]), f[0]) for f in site.frames if isinstance(f[0], ast.If))  # type: ignore[misc]
         for site in marked:
             self.relevant.add(id(site.stmt))
             self.relevant.update(id(f[0]) for f in site.frames)
+            ifs.update((id(f[0]), f[0]) for f in site.frames if isinstance(f[0], ast.If))  # type: ignore[misc]
+        self.retested: Counter[str] = Counter(test_key(stmt.test)[0] for stmt in ifs.values())
+        """How many of the ``if``s that fork test each key (a fact is kept only when another one asks)."""
         for sites in self.calls.values():
             # Evaluation order: a call completes after the calls inside it (scale() before backward()).
             sites.sort(key=lambda s: (getattr(s.node, "end_lineno", 0), getattr(s.node, "end_col_offset", 0)))
@@ -152,8 +176,37 @@ class _Paths:
     def cap(self, states: list[_State]) -> list[_State]:
         if len(states) > MAX_PATHS:
             self.complete = False
-            return states[:MAX_PATHS]
+            return _spread(states, MAX_PATHS)
         return states
+
+    def fair(self, first: list[_State], second: list[_State]) -> list[_State]:
+        """``first + second`` cut at ``MAX_PATHS`` (see ``split``)."""
+        a, b = self.split(first, second)
+        return a + b
+
+    def split(self, first: list[_State], second: list[_State]) -> tuple[list[_State], list[_State]]:
+        """``first`` and ``second`` cut to ``MAX_PATHS`` together, each side keeping at least half
+        the room when it needs it, and each cut spread evenly over its list: past the limit both
+        sides of every ``if`` keep paths (cutting a prefix would follow only the ``if`` side of
+        every later test, and drop the ``else`` side of the earlier ones at the next test)."""
+        if len(first) + len(second) <= MAX_PATHS:
+            return first, second
+        self.complete = False
+        keep = min(len(first), max(MAX_PATHS // 2, MAX_PATHS - len(second)))
+        return _spread(first, keep), _spread(second, MAX_PATHS - keep)
+
+    def test(self, stmt: ast.If) -> tuple[str, bool, _Facts, _Facts]:
+        """The test key of ``stmt``, its polarity and what each outcome decides (computed once)."""
+        found = self.tests.get(id(stmt))
+        if found is None:
+            key, polarity = test_key(stmt.test)
+            sides = []
+            for outcome in (True, False):
+                facts = {k: v for k, v in implied(stmt.test, outcome)
+                         if self.retested[k] > (1 if k == key else 0)}
+                sides.append(facts)
+            found = self.tests[id(stmt)] = (key, polarity, sides[0], sides[1])
+        return found
 
     def header(self, stmt: ast.AST, states: list[_State]) -> list[_State]:
         for site in self.calls.get(id(stmt), ()):
@@ -201,25 +254,30 @@ class _Paths:
 
     def merge(self, into: _Outcomes, more: _Outcomes) -> None:
         for name, states in more.items():
-            into[name] = self.cap(into[name] + states)
+            into[name] = self.fair(into[name], states)
 
     def if_(self, stmt: ast.If, states: list[_State]) -> _Outcomes:
         test = stmt.test
         if isinstance(test, ast.Constant):
             return self.block(stmt.body if test.value else stmt.orelse, states)
-        key, polarity = test_key(test)
+        key, polarity, if_true, if_false = self.test(stmt)
         sides: tuple[list[_State], list[_State]] = ([], [])
+        # One event per side and kind, shared by every path through it (an event per path and
+        # ``if`` would be most of the model's memory in a function past MAX_PATHS).
+        free = (Event(BRANCH, stmt, taken=True), Event(BRANCH, stmt, taken=False))
+        forced = (Event(BRANCH, stmt, taken=True, forced=True), Event(BRANCH, stmt, taken=False, forced=True))
         for chain, decided in states:
-            known = next((value for k, value in decided if k == key), None)
+            known = decided.get(key)
             if known is not None:
-                taken = known == polarity
-                sides[0 if taken else 1].append(((Event(BRANCH, stmt, taken=taken, forced=True), chain), decided))
+                side = 0 if known == polarity else 1
+                sides[side].append(((forced[side], chain), decided))
                 continue
-            for taken in (True, False):
-                now = (*decided, *implied(test, taken))
-                sides[0 if taken else 1].append(((Event(BRANCH, stmt, taken=taken), chain), now))
-        out = self.block(stmt.body, self.cap(sides[0]))
-        self.merge(out, self.block(stmt.orelse, self.cap(sides[1])))
+            for side, facts in ((0, if_true), (1, if_false)):
+                now = {**decided, **facts} if facts else decided
+                sides[side].append(((free[side], chain), now))
+        body, orelse = self.split(*sides)
+        out = self.block(stmt.body, body)
+        self.merge(out, self.block(stmt.orelse, orelse))
         return out
 
     def loop(self, stmt: ast.stmt, states: list[_State]) -> _Outcomes:

@@ -26,7 +26,7 @@ from ampkit.lint.context import FileContext, scaled_receiver
 from ampkit.lint.flow import Scope, Site
 from ampkit.lint.paths import CALL, Event, Path, build_paths
 
-__all__ = ["CLIPS", "SCALER_TOKENS", "StepEvent", "is_backward_call", "is_boundary_test", "is_torch_clip", "scaled_backward_keys", "step_events", "step_paths"]
+__all__ = ["CLIPS", "SCALER_TOKENS", "StepEvent", "is_backward_call", "is_boundary_test", "is_torch_clip", "scaled_backward_keys", "step_event_paths", "step_events", "step_paths"]
 
 SCALER_TOKENS = ("GradScaler", "unscale_", ".scale(")
 """A file with none of these holds no GradScaler a rule could follow (a substring screen)."""
@@ -87,30 +87,52 @@ def scaled_backward_keys(ctx: FileContext, scope: Scope) -> set[str]:
 
 
 def step_events(ctx: FileContext, scope: Scope, path: Path) -> list[StepEvent]:
-    """``path`` with each call read as a training-step event (other calls dropped)."""
+    """``path`` with each call read as a training-step event (other calls dropped).
+
+    Each event is read once per scope: the paths share their events (a prefix is one chain), so
+    reading them per path would repeat the same work once per path (512 times in a big function)."""
+    seen: dict[int, tuple[Event, StepEvent | None]] = ctx.memo.setdefault("step_events", {}).setdefault(
+        id(scope), {})  # type: ignore[assignment]
     out: list[StepEvent] = []
     for event in path:
-        if event.kind != CALL:
-            out.append(StepEvent(event.kind, None, event))
-            continue
-        call = event.node
-        assert isinstance(call, ast.Call)
-        func = call.func
-        if is_torch_clip(ctx, call):
-            out.append(StepEvent("clip", None, event))
-        elif not isinstance(func, ast.Attribute):
-            continue
-        elif func.attr == "backward":
-            receiver = func.value
-            if isinstance(receiver, ast.Name):  # scaled = scaler.scale(loss); scaled.backward()
-                receiver = ctx.value_of(receiver, scope) or receiver
-            key = scaled_receiver(receiver)
-            out.append(StepEvent("backward" if key else "plain_backward", key, event))
-        elif func.attr in ("unscale_", "step", "update"):
-            key = expr_key(func.value)
-            if key:
-                out.append(StepEvent(func.attr, key, event))
+        known = seen.get(id(event))
+        if known is None:
+            known = seen[id(event)] = (event, _read(ctx, scope, event))  # the event kept: its id stays its own
+        if known[1] is not None:
+            out.append(known[1])
     return out
+
+
+def step_event_paths(ctx: FileContext, scope: Scope) -> list[list[StepEvent]]:
+    """``step_events`` of every path of ``step_paths`` (computed once per scope)."""
+    memo = ctx.memo.setdefault("step_event_paths", {})
+    found = memo.get(id(scope))
+    if found is None:
+        found = memo[id(scope)] = [step_events(ctx, scope, path) for path in step_paths(ctx, scope)]
+    return found  # type: ignore[return-value]
+
+
+def _read(ctx: FileContext, scope: Scope, event: Event) -> StepEvent | None:
+    if event.kind != CALL:
+        return StepEvent(event.kind, None, event)
+    call = event.node
+    assert isinstance(call, ast.Call)
+    func = call.func
+    if is_torch_clip(ctx, call):
+        return StepEvent("clip", None, event)
+    if not isinstance(func, ast.Attribute):
+        return None
+    if func.attr == "backward":
+        receiver = func.value
+        if isinstance(receiver, ast.Name):  # scaled = scaler.scale(loss); scaled.backward()
+            receiver = ctx.value_of(receiver, scope) or receiver
+        key = scaled_receiver(receiver)
+        return StepEvent("backward" if key else "plain_backward", key, event)
+    if func.attr in ("unscale_", "step", "update"):
+        key = expr_key(func.value)
+        if key:
+            return StepEvent(func.attr, key, event)
+    return None
 
 
 def is_boundary_test(ctx: FileContext, scope: Scope, test: ast.expr, loops: Sequence[ast.AST], depth: int = 0) -> bool:

@@ -22,8 +22,7 @@ from ampkit.lint.steps import (
     StepEvent,
     is_boundary_test,
     scaled_backward_keys,
-    step_events,
-    step_paths,
+    step_event_paths,
 )
 
 __all__ = ["RULES"]
@@ -40,9 +39,8 @@ def _training_scopes(ctx: FileContext, methods: tuple[str, ...]) -> Iterator[Sco
             yield scope
 
 
-def _paths(ctx: FileContext, scope: Scope) -> Iterator[list[StepEvent]]:
-    for path in step_paths(ctx, scope):
-        yield step_events(ctx, scope, path)
+def _paths(ctx: FileContext, scope: Scope) -> list[list[StepEvent]]:
+    return step_event_paths(ctx, scope)
 
 
 @rule(code="AMP102", name="clip-before-unscale",
