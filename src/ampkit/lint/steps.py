@@ -26,12 +26,18 @@ from ampkit.lint.context import FileContext, scaled_receiver
 from ampkit.lint.flow import Scope, Site
 from ampkit.lint.paths import CALL, Event, Path, build_paths
 
-__all__ = ["CLIPS", "SCALER_TOKENS", "StepEvent", "is_backward_call", "is_boundary_test", "is_torch_clip", "scaled_backward_keys", "step_event_paths", "step_events", "step_paths"]
+__all__ = ["CLIPS", "CLIP_HELPERS", "SCALER_TOKENS", "StepEvent", "clip_helpers", "is_backward_call", "is_boundary_test", "is_clip", "is_torch_clip", "scaled_backward_keys", "step_event_paths", "step_events", "step_paths"]
 
 SCALER_TOKENS = ("GradScaler", "unscale_", ".scale(")
 """A file with none of these holds no GradScaler a rule could follow (a substring screen)."""
 
 CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grads_with_norm_"})
+CLIP_HELPERS = frozenset({
+    "timm.utils.dispatch_clip_grad", "timm.utils.clip_grad.dispatch_clip_grad",
+    "timm.utils.adaptive_clip_grad", "timm.utils.agc.adaptive_clip_grad",
+})
+"""Library functions that clip the gradients they are given with torch's clip functions (or
+timm's adaptive clipping) and never unscale them."""
 _METHODS = frozenset({"backward", "unscale_", "step", "update", *CLIPS})
 _COUNTER_ITERS = frozenset({"range", "enumerate"})
 
@@ -57,8 +63,52 @@ def is_torch_clip(ctx: FileContext, call: ast.Call) -> bool:
     return name is not None and name.startswith("torch.nn.utils.")
 
 
-def _wanted(site: Site) -> bool:
-    return (last_name(site.node.func) or "") in _METHODS  # type: ignore[attr-defined]
+def is_clip(ctx: FileContext, call: ast.Call) -> bool:
+    """A call that clips gradients without unscaling them: torch's clip functions, a library
+    helper known to call them (``CLIP_HELPERS``), or a function of this file that does
+    (``clip_helpers``)."""
+    if is_torch_clip(ctx, call):
+        return True
+    func = call.func
+    if isinstance(func, ast.Name) and func.id not in ctx.flow.imports:
+        return func.id in clip_helpers(ctx)
+    return ctx.qualname(func) in CLIP_HELPERS
+
+
+def clip_helpers(ctx: FileContext) -> frozenset[str]:
+    """Names of the file's functions (not methods) that call torch's clip functions, directly or
+    through another such function, and call no ``unscale_``: ``def dispatch_clip_grad(params,
+    value, mode): ... clip_grad_norm_(params, value)``.  A name defined twice counts only when
+    every definition clips.  Computed once per file."""
+    memo = ctx.memo.setdefault("clip_helpers", {})
+    found = memo.get(0)
+    if found is not None:
+        return found  # type: ignore[return-value]
+    defs: dict[str, list[Scope]] = {}
+    for scope in ctx.scopes:
+        node = scope.node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope.cls is None:
+            defs.setdefault(node.name, []).append(scope)
+    names: set[str] = set()
+    for _ in range(4):  # helpers of helpers, a few levels deep
+        more = {name for name, scopes in defs.items() if name not in names and all(
+            _clips_unscaled(ctx, scope, names) for scope in scopes)}
+        if not more:
+            break
+        names |= more
+    result = memo[0] = frozenset(names)
+    return result
+
+
+def _clips_unscaled(ctx: FileContext, scope: Scope, helpers: set[str]) -> bool:
+    """``scope`` calls a clip (torch's or one of ``helpers``) and no ``unscale_``."""
+    clips = False
+    for site in scope.calls:
+        func = site.node.func  # type: ignore[attr-defined]
+        if last_name(func) == "unscale_":
+            return False
+        clips = clips or is_torch_clip(ctx, site.node) or (isinstance(func, ast.Name) and func.id in helpers)  # type: ignore[arg-type]
+    return clips
 
 
 def step_paths(ctx: FileContext, scope: Scope) -> list[Path]:
@@ -66,7 +116,9 @@ def step_paths(ctx: FileContext, scope: Scope) -> list[Path]:
     memo = ctx.memo.setdefault("paths", {})
     found = memo.get(id(scope))
     if found is None:
-        found = memo[id(scope)] = build_paths(scope, _wanted)[0]
+        def wanted(site: Site) -> bool:
+            return (last_name(site.node.func) or "") in _METHODS or is_clip(ctx, site.node)  # type: ignore[arg-type, attr-defined]
+        found = memo[id(scope)] = build_paths(scope, wanted)[0]
     return found  # type: ignore[return-value]
 
 
@@ -118,7 +170,7 @@ def _read(ctx: FileContext, scope: Scope, event: Event) -> StepEvent | None:
     call = event.node
     assert isinstance(call, ast.Call)
     func = call.func
-    if is_torch_clip(ctx, call):
+    if is_clip(ctx, call):
         return StepEvent("clip", None, event)
     if not isinstance(func, ast.Attribute):
         return None
