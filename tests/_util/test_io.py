@@ -159,3 +159,19 @@ def test_io_read_only_directory_names_the_target_not_a_temp_file(tmp_path: Path)
     assert first.startswith(f"OSError 30 cannot write {str(target)!r}: the directory {str(tmp_path)!r} is on a "
                             "read-only file system"), result
     assert ".report.json." not in first
+
+
+def test_io_check_before_the_rename_can_cancel_the_write(tmp_path: Path) -> None:
+    target = tmp_path / "a.py"
+    target.write_bytes(b"old")
+    seen: list[list[str]] = []
+
+    def refuse() -> None:
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))  # the synced temp file is there
+        raise LookupError("changed meanwhile")
+
+    with pytest.raises(LookupError, match="changed meanwhile"):
+        atomic_write_bytes(target, b"new", check=refuse)
+    assert target.read_bytes() == b"old"
+    assert len(seen) == 1 and len(seen[0]) == 2 and seen[0][0].startswith(".a.py.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]  # the temp file is removed

@@ -178,14 +178,17 @@ def _prepare_directory(target: Path) -> None:
 
 
 def atomic_replace(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object], *,
-                   mode: int | None = None) -> None:
+                   mode: int | None = None, check: Callable[[], object] | None = None) -> None:
     """Call ``write(file)`` on a temp file next to ``path``, fsync it, rename it over ``path``.
 
     ``mode``: the new file's permission bits; default what a plain ``open()`` would give
     (0666 minus the umask).  The parent directory is created when missing.  Temp files of
     earlier writes of ``path`` whose writer was killed are removed first (``remove_stale_temps``).
     A failure raises ``OSError`` naming ``path`` and the cause; an exception of ``write`` itself
-    passes through unless a disk write caused it.
+    passes through unless a disk write caused it.  ``check``, when given, runs after the temp file
+    is synced and just before the rename (the last moment to decide, e.g. that ``path`` was not
+    changed meanwhile); an exception from it cancels the write, removes the temp file and passes
+    through.
     """
     target = Path(path)
     _prepare_directory(target)
@@ -210,6 +213,10 @@ def atomic_replace(path: str | os.PathLike[str], write: Callable[[IO[bytes]], ob
                 raise _explained(recorder.error, target) from exc
             f.flush()
             os.fsync(f.fileno())
+        if check is not None:
+            ours = False
+            check()
+            ours = True
         os.replace(tmp, target)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -220,9 +227,10 @@ def atomic_replace(path: str | os.PathLike[str], write: Callable[[IO[bytes]], ob
     fsync_dir(target.parent)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> None:
-    """Write ``data`` to ``path`` atomically (see ``atomic_replace``)."""
-    atomic_replace(path, lambda f: f.write(data), mode=mode)
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None,
+                       check: Callable[[], object] | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (see ``atomic_replace``, also for ``check``)."""
+    atomic_replace(path, lambda f: f.write(data), mode=mode, check=check)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, mode: int | None = None) -> None:

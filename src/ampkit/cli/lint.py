@@ -1,8 +1,10 @@
 """``ampkit lint``: find AMP mistakes in Python source (rules AMP101–AMP120).
 
 Exit codes: 0 clean, 1 violations (a file that cannot be parsed counts as one, AMP000),
-2 usage error (unknown rule code, missing path), or a `--fix` that could not be written (the file is
-left unchanged and named with the reason).
+2 usage error (unknown rule code, missing path), a `--fix` that could not be written (the file is
+left unchanged and named with the reason), or a path that was not checked while the rest was: a
+directory that cannot be listed, a notebook that is not valid JSON, a file edited while `--fix`
+rewrote it (not rewritten), a file the linter failed on (each named on stderr).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ examples:
   ampkit lint --exclude 'tests/fixtures/,*_pb2.py' .
 
 Silence one line with `# noqa: AMP102` (that rule) or `# noqa` (every rule).
-Directories are searched for *.py files; virtualenvs (pyvenv.cfg, .venv, venv, site-packages),
+Directories are searched for *.py files (a notebook, .ipynb, is linted when named); virtualenvs (pyvenv.cfg, .venv, venv, site-packages),
 .git and __pycache__ are skipped.
 """
 
@@ -69,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
         print(summary(report), file=sys.stderr)
     for failure in report.unwritten:
         print(f"ampkit lint: could not write the fix, the file is unchanged: {failure}", file=sys.stderr)
-    if report.unwritten:
+    for error in report.errors:
+        print(f"ampkit lint: error: {error}", file=sys.stderr)
+    for note in report.notes:
+        print(f"ampkit lint: note: {note}", file=sys.stderr)
+    if report.unwritten or report.errors:
         return 2
     return 1 if report.violations else 0

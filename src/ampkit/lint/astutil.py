@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from dataclasses import dataclass
 
 __all__ = [
@@ -23,7 +24,9 @@ __all__ = [
     "fold_constant",
     "has_star_kwargs",
     "last_name",
+    "line_starts",
     "name_or_str",
+    "source_lines",
     "source_pos",
 ]
 
@@ -45,6 +48,31 @@ class Const:
 
     value: float
     is_float: bool
+
+
+# What ends a line for Python's tokenizer (and so for ast's line numbers): \n, \r\n or a lone \r
+# (old Mac files); a form feed does not.
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+def source_lines(data: bytes) -> list[bytes]:
+    """The lines of ``data`` as ast numbers them, without their line breaks (a final break leaves
+    an empty last item).
+
+    >>> source_lines(b"a\\rb\\r\\nc\\n")
+    [b'a', b'b', b'c', b'']
+    """
+    return _LINE_BREAK.split(data)
+
+
+def line_starts(data: bytes) -> list[int]:
+    """The byte offset at which each line of ``data`` starts (line 1 at index 0), as ast numbers
+    the lines.
+
+    >>> line_starts(b"a\\rb\\r\\nc")
+    [0, 2, 5]
+    """
+    return [0, *(match.end() for match in _LINE_BREAK.finditer(data))]
 
 
 def last_name(node: ast.AST) -> str | None:

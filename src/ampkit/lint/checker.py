@@ -13,12 +13,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ampkit._util.io import atomic_write_bytes
+from ampkit.lint.astutil import source_lines
 from ampkit.lint.core import SYNTAX_ERROR, Violation
 from ampkit.lint.fix import apply_fixes
+from ampkit.lint.notebook import NotebookError, lint_notebook
 from ampkit.lint.source import ALL_CODES, check_source, unparsable
 
 __all__ = [
     "SKIPPED_DIRS",
+    "FileChangedError",
     "LintReport",
     "iter_python_files",
     "lint_file",
@@ -45,6 +48,16 @@ class LintReport:
     """Violations removed by ``--fix``."""
     unwritten: list[str] = field(default_factory=list)
     """``--fix`` rewrites that could not be saved (``"path: reason"``); those files are unchanged."""
+    errors: list[str] = field(default_factory=list)
+    """Paths that were not (fully) checked, ``"path: reason"``: a directory that cannot be listed, a
+    notebook that is not valid JSON, a file edited while ``--fix`` rewrote it, a file the linter
+    failed on.  The rest of the run is unaffected; the CLI prints them and exits 2."""
+    notes: list[str] = field(default_factory=list)
+    """Things the user should know that are not errors (``--fix`` leaves notebooks alone)."""
+
+
+class FileChangedError(Exception):
+    """``--fix`` found the file changed since it was read; nothing was written."""
 
 
 def parse_codes(select: str | Sequence[str] | None, ignore: str | Sequence[str] | None) -> frozenset[str]:
@@ -83,16 +96,19 @@ def _expand(spec: str | Sequence[str]) -> set[str]:
 def lint_file(path: str, codes: frozenset[str] = ALL_CODES, fix: bool = False) -> tuple[list[Violation], int, int]:
     """Lint (and with ``fix`` rewrite) one file: (violations, fixes applied, lines).
 
-    Raises ``OSError`` (naming the file and the cause) when a fix cannot be written; the file
-    is then unchanged.
+    Raises ``OSError`` (naming the file and the cause) when a fix cannot be written, and
+    ``FileChangedError`` when the file changed between reading it and replacing it (an editor
+    saved it meanwhile); the file then holds what is there now, untouched by the fix.
     """
     try:
         with open(path, "rb") as handle:
             data = handle.read()
+            before = os.fstat(handle.fileno())
     except OSError as exc:
         reason = exc.strerror or str(exc)
         return unparsable(path, f"cannot read the file ({reason})", 1, 1, codes), 0, 0
-    lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    breaks = source_lines(data)
+    lines = len(breaks) - (1 if breaks[-1] == b"" else 0)
     try:
         violations, ctx = check_source(data, path, codes)
         fixed = 0
@@ -101,34 +117,72 @@ def lint_file(path: str, codes: frozenset[str] = ALL_CODES, fix: bool = False) -
             if fixed:
                 if data.startswith(codecs.BOM_UTF8):
                     new_data = codecs.BOM_UTF8 + new_data
-                _write_source(path, new_data)
+                _write_source(path, new_data, data, before)
                 violations, _ = check_source(new_data, path, codes)
     except RecursionError:
         return unparsable(path, "nesting too deep to analyse", 1, 1, codes), 0, lines
     return violations, fixed, lines
 
 
-def _write_source(path: str, data: bytes) -> None:
-    """Replace a source file atomically (temp file, fsync, rename), through symlinks, keeping its mode."""
+def _write_source(path: str, data: bytes, read: bytes, before: os.stat_result) -> None:
+    """Replace a source file atomically (temp file, fsync, rename), through symlinks, keeping its
+    mode; unless it no longer holds ``read`` (its size, mtime and bytes are compared again just
+    before the rename).  What remains is the instant between that check and the rename."""
     target = os.path.realpath(path)
-    atomic_write_bytes(target, data, mode=os.stat(target).st_mode & 0o7777)
+
+    def unchanged() -> None:
+        try:
+            now = os.stat(target)
+            with open(target, "rb") as handle:
+                current = handle.read()
+        except OSError as exc:
+            raise FileChangedError(f"{path}: the file changed during --fix (it cannot be read again: "
+                                   f"{exc.strerror or exc}); it was not rewritten, run again") from exc
+        if (now.st_size, now.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or current != read:
+            raise FileChangedError(f"{path}: the file changed during --fix, so the fix was not written "
+                                   "(the new content is kept); run `ampkit lint --fix` again")
+
+    atomic_write_bytes(target, data, mode=os.stat(target).st_mode & 0o7777, check=unchanged)
 
 
 def lint_paths(paths: Sequence[str], codes: frozenset[str] = ALL_CODES, exclude: Sequence[str] = (),
                fix: bool = False) -> LintReport:
-    """Lint files and directories (recursively, skipping virtualenvs and caches)."""
+    """Lint files and directories (recursively, skipping virtualenvs and caches).
+
+    One file's trouble never stops the run: it is recorded in ``errors`` (or ``unwritten``) and
+    the other files are checked as usual."""
     report = LintReport()
-    for path in iter_python_files(paths, exclude):
+    for path in iter_python_files(paths, exclude, report.errors):
         try:
-            violations, fixed, lines = lint_file(path, codes, fix)
-        except OSError as exc:  # only the --fix write can raise: reading errors become AMP000
-            report.unwritten.append(f"{path}: {exc}")
-            violations, fixed, lines = lint_file(path, codes, fix=False)
+            if path.endswith(".ipynb"):
+                violations, lines, note = lint_notebook(path, codes, fix)
+                fixed = 0
+                if note:
+                    report.notes.append(note)
+            else:
+                violations, fixed, lines = _lint_one(path, codes, fix, report)
+        except NotebookError as exc:
+            report.errors.append(str(exc))
+            continue
+        except Exception as exc:  # a linter bug on one file must not cost the other files their check
+            report.errors.append(f"{path}: the linter failed on this file and did not check it "
+                                 f"({type(exc).__name__}: {exc}); please report it with the file")
+            continue
         report.violations.extend(violations)
         report.fixed += fixed
         report.lines += lines
         report.files += 1
     return report
+
+
+def _lint_one(path: str, codes: frozenset[str], fix: bool, report: LintReport) -> tuple[list[Violation], int, int]:
+    try:
+        return lint_file(path, codes, fix)
+    except FileChangedError as exc:
+        report.errors.append(str(exc))
+    except OSError as exc:  # only the --fix write can raise: reading errors become AMP000
+        report.unwritten.append(f"{path}: {exc}")
+    return lint_file(path, codes, fix=False)
 
 
 def _compile_excludes(patterns: Sequence[str]) -> list[tuple[str, bool, bool]]:
@@ -154,17 +208,28 @@ def _excluded(rel: str, is_dir: bool, patterns: list[tuple[str, bool, bool]]) ->
     return False
 
 
-def iter_python_files(paths: Sequence[str], exclude: Sequence[str] = ()) -> Iterator[str]:
+def iter_python_files(paths: Sequence[str], exclude: Sequence[str] = (),
+                      errors: list[str] | None = None) -> Iterator[str]:
     """Python files under ``paths`` in sorted order.  Files named explicitly are always included
     unless an ``exclude`` pattern matches them (even a pipe such as ``/dev/stdin``); directories
-    contribute their ``*.py`` regular files (FIFOs, sockets, devices and broken links are skipped)."""
+    contribute their ``*.py`` regular files (FIFOs, sockets, devices and broken links are skipped).
+
+    A directory that cannot be listed (no permission, a symlink loop, an I/O error) is skipped and
+    named in ``errors`` as ``"path: cannot read the directory (reason)"``, so an unreadable part of
+    a tree is never mistaken for a clean one."""
     patterns = _compile_excludes(exclude)
+
+    def unreadable(exc: OSError) -> None:
+        if errors is not None:
+            errors.append(f"{exc.filename}: cannot read the directory ({exc.strerror or exc}); "
+                          "its files were not checked")
+
     for root in paths:
         if not os.path.isdir(root):
             if not _excluded(os.path.normpath(root).replace(os.sep, "/"), False, patterns):
                 yield root
             continue
-        for dirpath, dirnames, filenames in os.walk(root):
+        for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
             rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
             rel_dir = "" if rel_dir == "." else rel_dir + "/"
             dirnames[:] = sorted(

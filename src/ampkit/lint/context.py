@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from ampkit.lint.astutil import call_arg, const_bool, const_str, expr_key, last_name
+from ampkit.lint.astutil import call_arg, const_bool, const_str, expr_key, last_name, source_lines
 from ampkit.lint.flow import Flow, Scope, Site, build_flow
 
 __all__ = ["CAST_METHODS", "LOW", "TORCH_DTYPE_NAMES", "Autocast", "FileContext", "scaled_receiver"]
@@ -91,7 +91,7 @@ class FileContext:
 
     @cached_property
     def lines(self) -> list[bytes]:
-        return self.source.split(b"\n")
+        return source_lines(self.source)
 
     def position(self, node: ast.AST) -> tuple[int, int]:
         """1-based line and 1-based *character* column of ``node`` (ast gives UTF-8 byte offsets)."""

@@ -41,14 +41,25 @@ class Violation:
     col: int
     code: str
     message: str
+    cell: int = 0
+    """In a notebook: the 1-based index of the cell among all the file's cells (markdown ones
+    counted), with ``line`` counted within the cell; 0 for a Python file."""
 
     def to_json(self) -> dict[str, Any]:
-        """The ``ampkit.lint/1`` record."""
-        return {"code": self.code, "path": self.path, "line": self.line, "col": self.col,
-                "message": self.message}
+        """The ``ampkit.lint/1`` record (``cell`` only for a notebook)."""
+        record: dict[str, Any] = {"code": self.code, "path": self.path, "line": self.line, "col": self.col,
+                                  "message": self.message}
+        if self.cell:
+            record["cell"] = self.cell
+        return record
+
+    @property
+    def where(self) -> str:
+        """``line:col``, or ``cell N:line:col`` in a notebook."""
+        return f"cell {self.cell}:{self.line}:{self.col}" if self.cell else f"{self.line}:{self.col}"
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}"
+        return f"{self.path}:{self.where}: {self.code} {self.message}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

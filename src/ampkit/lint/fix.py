@@ -29,6 +29,7 @@ import itertools
 import re
 from collections import defaultdict
 
+from ampkit.lint.astutil import line_starts
 from ampkit.lint.context import FileContext
 from ampkit.lint.core import Violation
 from ampkit.lint.rules.api import DEPRECATED, deprecated_references
@@ -64,9 +65,7 @@ class _Source:
 
     def __init__(self, data: bytes) -> None:
         self.data = data
-        self.starts = [0]
-        for match in re.finditer(rb"\n", data):
-            self.starts.append(match.end())
+        self.starts = line_starts(data)  # \r and \r\n end lines too: a CR-only file is one "\n" line
 
     def start(self, node: ast.AST) -> int:
         return self.starts[node.lineno - 1] + node.col_offset  # type: ignore[attr-defined]

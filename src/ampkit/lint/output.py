@@ -33,7 +33,7 @@ def render(report: LintReport, fmt: str) -> str:
     if fmt == "github":
         return "".join(_annotation(v) + "\n" for v in report.violations)
     if fmt == "text":
-        return "".join(f"{_plain_path(v.path)}:{v.line}:{v.col}: {v.code} {_plain(v.message)}\n"
+        return "".join(f"{_plain_path(v.path)}:{v.where}: {v.code} {_plain(v.message)}\n"
                        for v in report.violations)
     raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
@@ -70,5 +70,8 @@ def _escape_property(text: str) -> str:
 
 
 def _annotation(v: Violation) -> str:
+    if v.cell:  # a line of the notebook's JSON would point at no code: a file annotation naming the cell
+        return (f"::error file={_escape_property(v.path)},"
+                f"title={_escape_property(f'{v.code} (cell {v.cell}, line {v.line})')}::{_escape_data(v.message)}")
     return (f"::error file={_escape_property(v.path)},line={v.line},col={v.col},"
             f"title={_escape_property(v.code)}::{_escape_data(v.message)}")
