@@ -28,6 +28,9 @@ __all__ = ["NotebookError", "lint_notebook", "notebook_source"]
 _IPYTHON_LINE = re.compile(r"^(\s*)(?:[%!]|[\w.]+\s*=\s*[%!]|\?|[\w.\[\]()]+\?\??\s*$)")
 
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
 class NotebookError(ValueError):
     """The file is not a notebook this linter can read (not JSON, or not nbformat's layout)."""
 
@@ -57,7 +60,10 @@ def notebook_source(document: Any, path: str) -> tuple[str, list[tuple[int, int]
         if not isinstance(source, str):
             raise NotebookError(f"{path}: cell {number} has a \"source\" that is neither a string nor a list "
                                 "of strings; the notebook is malformed (re-save it in Jupyter)")
-        lines = source.splitlines() or [""]
+        # The tokenizer's line breaks only (str.splitlines also splits at \x0c, \x1c, U+2028...).
+        lines = _LINE_BREAK.split(source)
+        if len(lines) > 1 and lines[-1] == "":
+            lines.pop()
         if lines[0].lstrip().startswith("%%"):
             lines = [""] * len(lines)  # a cell magic: the cell is another language (bash, html, ...)
         starts.append((number, line))
