@@ -4,7 +4,8 @@
 
 * references to the inputs of each call of a prepared model (a forward pre-hook; no copy —
   the batch is alive anyway — so an input buffer the training code overwrites in place is
-  seen with its new contents at replay time);
+  seen with its new contents at replay time); a prepared model called inside another one's
+  forward is not captured again: the outer call's replay runs it;
 * the RNG state before that call (``torch.get_rng_state``: a 5 KB host copy; on CUDA the
   generator's seed and offset, read from host memory without a device sync) and the autocast
   state;
@@ -136,6 +137,8 @@ class ReplayDoctor(EngineHook):
         self._loss_reported = False
         self._warned_unprepared = False
         self._out_nodes: dict[Any, tuple[_Call, int]] = {}
+        self._depth = 0
+        """Hooked models running now: a call made inside another is part of the outer one's replay."""
 
     # -- engine hooks ------------------------------------------------------------------------
     @override
@@ -211,7 +214,8 @@ class ReplayDoctor(EngineHook):
             return
         self._hooked[id(model)] = [
             model.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
-            model.register_forward_hook(self._post_hook, with_kwargs=True),
+            # always_call: a forward that raises still leaves the nesting depth balanced
+            model.register_forward_hook(self._post_hook, with_kwargs=True, always_call=True),
         ]
 
     @override
@@ -223,7 +227,8 @@ class ReplayDoctor(EngineHook):
         self._hooked.clear()
 
     def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        if self._replaying or not torch.is_grad_enabled():
+        self._depth += 1
+        if self._depth > 1 or self._replaying or not torch.is_grad_enabled():
             return
         if self._pending:
             self._poll()
@@ -235,7 +240,8 @@ class ReplayDoctor(EngineHook):
         ))
 
     def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        if self._replaying or not self._calls or self._calls[-1].model is not module:
+        self._depth = max(0, self._depth - 1)
+        if self._depth > 0 or self._replaying or not self._calls or self._calls[-1].model is not module:
             return
         call = self._calls[-1]
         outs = [t for t in float_tensors(output) if t.requires_grad]
@@ -299,7 +305,7 @@ class ReplayDoctor(EngineHook):
 
     def _run(self, cap: _StepCapture, reason: str) -> list[Finding]:
         from ampkit.diagnose.step.api import diagnose_program
-        from ampkit.diagnose.step.programs import OutputGradProgram
+        from ampkit.diagnose.step.programs import OutputGradProgram, usable_seed
         from ampkit.diagnose.step.session import RngSnapshot, Session
 
         scale = _scale_value(cap)
@@ -316,7 +322,9 @@ class ReplayDoctor(EngineHook):
             for call in cap.calls:
                 grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
                 seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
-                program = OutputGradProgram(call.args, call.kwargs, grads if seed_finite else [],
+                # Non-finite seed entries zeroed (or a mean's gradient), as the script doctor does: the replayed
+                # backward then shows whether the forward itself goes non-finite.
+                program = OutputGradProgram(call.args, call.kwargs, [usable_seed(g, effective) for g in grads],
                                             loss_scale=effective, autocast=call.autocast)
                 session = Session(call.model, program, engine.precision,
                                   rng=RngSnapshot(engine.device, cpu=call.rng_cpu, accel=call.rng_accel))
