@@ -165,6 +165,11 @@ class Watcher:
         if self.doctor is not None:
             self.doctor.record_loss(backward if backward is not None else loss)
 
+    def grads_ready(self, grad_norm: torch.Tensor | None = None) -> None:
+        """Record the step's gradients now, with ``grad_norm`` (``clip_grad_norm_``'s return, before clipping)
+        when given (``LoopObserver.grads_ready``)."""
+        self.observer.grads_ready(grad_norm)
+
     def poll(self) -> None:
         """Close the step the loop has moved past (no device read; see ``LoopObserver.poll``)."""
         self.observer.poll()

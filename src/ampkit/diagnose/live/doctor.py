@@ -69,6 +69,7 @@ from ampkit.findings import Finding
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 
 if TYPE_CHECKING:
+    from ampkit.diagnose.step.programs import OutputGradProgram
     from ampkit.diagnose.step.result import DiagnosisResult
     from ampkit.engine import Engine
 
@@ -305,7 +306,6 @@ class ReplayDoctor(EngineHook):
 
     def _run(self, cap: _StepCapture, reason: str) -> list[Finding]:
         from ampkit.diagnose.step.api import diagnose_program
-        from ampkit.diagnose.step.programs import OutputGradProgram, usable_seed
         from ampkit.diagnose.step.session import RngSnapshot, Session
 
         scale = _scale_value(cap)
@@ -320,12 +320,7 @@ class ReplayDoctor(EngineHook):
         clean.enter_context(torch.autocast(engine.device.type, enabled=False))
         try:
             for call in cap.calls:
-                grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
-                seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
-                # Non-finite seed entries zeroed (or a mean's gradient), as the script doctor does: the replayed
-                # backward then shows whether the forward itself goes non-finite.
-                program = OutputGradProgram(call.args, call.kwargs, [usable_seed(g, effective) for g in grads],
-                                            loss_scale=effective, autocast=call.autocast)
+                program, seed_finite = _program(call, effective)
                 session = Session(call.model, program, engine.precision,
                                   rng=RngSnapshot(engine.device, cpu=call.rng_cpu, accel=call.rng_accel))
                 try:
@@ -384,6 +379,21 @@ class _WideKeeper(_GradKeeper):
 
     def __call__(self, grad_outputs: Any) -> None:  # type: ignore[override]
         self.slots[self.index] = grad_outputs[0]
+
+
+def _program(call: _Call, effective: float) -> tuple[OutputGradProgram, bool]:
+    """The replay of one captured call, and whether the gradient its outputs received was finite.
+
+    Non-finite seed entries are zeroed (or replaced by a mean's gradient), as the script doctor does:
+    the replayed backward then shows whether the forward itself goes non-finite.  Host reads: replay only.
+    """
+    from ampkit.diagnose.step.programs import OutputGradProgram, usable_seed
+
+    grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
+    seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
+    program = OutputGradProgram(call.args, call.kwargs, [usable_seed(g, effective) for g in grads],
+                                loss_scale=effective, autocast=call.autocast)
+    return program, seed_finite
 
 
 def _with_context(f: Finding, reason: str, now: int) -> Finding:
