@@ -94,7 +94,8 @@ class AmpkitCallback(TrainerCallback):
             grad_accumulation=args.gradient_accumulation_steps,
             clip_grad_norm=args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None,
             checks=self.checks)
-        self._tap = _PreClipNorm.attach(_calling_trainer(), self.watcher, clipping=bool(args.max_grad_norm))
+        clipping = self.watcher.observer.clip_grad_norm is not None
+        self._tap = _PreClipNorm.attach(_calling_trainer(), self.watcher, clipping=clipping)
         if state.global_step > 0:
             self._check_resume(self.watcher, args, state)
 
