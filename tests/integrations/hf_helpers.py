@@ -38,8 +38,8 @@ def trainer(out: Path, *, callbacks: list[Any] = (), steps: int = 3, accum: int 
     from transformers import Trainer, TrainingArguments
 
     args = TrainingArguments(str(out), use_cpu=True, report_to=[], max_steps=steps, per_device_train_batch_size=4,
-                             gradient_accumulation_steps=accum, disable_tqdm=True, logging_strategy="no", seed=0,
-                             data_seed=0, **{"save_strategy": "no", **kw})
+                             gradient_accumulation_steps=accum, disable_tqdm=True, seed=0, data_seed=0,
+                             **{"save_strategy": "no", "logging_strategy": "no", **kw})
     return Trainer(model=model if model is not None else tiny_gpt2(), args=args, train_dataset=data(),
                    callbacks=list(callbacks))
 

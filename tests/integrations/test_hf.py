@@ -162,3 +162,27 @@ def test_callback_under_torchrun_two_ranks_write_one_record_file_each(tmp_path: 
         lines = (tmp_path / f"records.rank{rank}.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
         assert {json.loads(line)["rank"] for line in lines} == {rank}
+
+
+class _LoggedGradNorm(TrainerCallback):
+    """The ``grad_norm`` the Trainer logs at each step (its own norm, before it clips)."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs and "grad_norm" in logs:
+            self.norms.append(float(logs["grad_norm"]))
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_callback_records_the_grad_norm_before_the_trainer_clips(tmp_path: Path, accum: int) -> None:
+    records: list[dict] = []
+    logged = _LoggedGradNorm()
+    # lr 0.5 on a tiny GPT-2: the gradient norm (> 1) is far above max_grad_norm=0.25, so every step is clipped
+    run = trainer(tmp_path, callbacks=[AmpkitCallback(telemetry=[records.append]), logged], steps=3, accum=accum,
+                  max_grad_norm=0.25, learning_rate=0.5, logging_strategy="steps", logging_steps=1)
+    run.train()
+    assert len(logged.norms) == 3 and min(logged.norms) > 1.0
+    assert [r["grad_norm"] for r in records] == pytest.approx(logged.norms, rel=1e-5)
+    assert all(r["clip_coef"] < 1.0 for r in records)

@@ -344,3 +344,63 @@ def test_example_lightning_fit_runs() -> None:
                           text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipped" in proc.stdout
+
+
+class Standardize(nn.Module):
+    """sqrt(E[x^2] - E[x]^2): for features around 300 the bf16 difference is rounding noise, often negative."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(dim=-1, keepdim=True)
+        var = (x * x).mean(dim=-1, keepdim=True) - mean * mean
+        return (x - mean) / torch.sqrt(var + 1e-5)
+
+
+class StandardizeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 32)
+        self.standardize = Standardize()
+        self.head = nn.Linear(32, 2)
+        with torch.no_grad():
+            self.proj.bias.fill_(300.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.standardize(self.proj(x)))
+
+
+class HoldsModel(pl.LightningModule):
+    """Lightning's own example pattern: the module holds ``self.model`` and training_step calls ``self.model(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = StandardizeNet()
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return self.loss_fn(self.model(x).float(), y)
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        # lr 0 and NaN gradients made 0: the weights stay the failing step's, so the replay sees where the NaN is born
+        for p in self.parameters():
+            p.grad = torch.nan_to_num(p.grad, nan=0.0)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_ampkit_callback_doctor_replays_training_step_that_calls_self_model(caplog: pytest.LogCaptureFixture) -> None:
+    readings = 10.0 * torch.randn(32, 16, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(readings, (readings[:, 0] > 0).long()), batch_size=16)
+    callback = AmpkitCallback(doctor=True)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, precision="bf16-mixed",
+                         callbacks=[callback])
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="ampkit.doctor"):
+        warnings.filterwarnings("ignore", message=".*(num_workers|LeafSpec|LOSS_NONFINITE).*")
+        trainer.fit(HoldsModel(), loader)
+    assert not [r for r in caplog.records if "cannot be replayed" in r.getMessage()]
+    nan = [f for f in callback.findings if f.code == "FORWARD_NAN"]
+    assert nan and nan[0].module == "standardize" and nan[0].severity == "error" and nan[0].step == 1
+    assert nan[0].evidence["replay_reason"] == "non-finite loss"

@@ -12,6 +12,7 @@ the precision the framework used.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -34,8 +35,8 @@ log = logging.getLogger("ampkit.doctor")
 class _LoopEngine:
     """What ``ReplayDoctor`` reads from its engine, for a loop driven by a framework."""
 
-    def __init__(self, model: nn.Module, precision: Precision, grad_accumulation: int) -> None:
-        self.models = [model]
+    def __init__(self, models: list[nn.Module], precision: Precision, grad_accumulation: int) -> None:
+        self.models = models
         self.precision = precision
         self.device = precision.device
         self.grad_accumulation = max(1, int(grad_accumulation))
@@ -47,21 +48,28 @@ class LoopDoctor:
 
     Args:
         model: the model whose forward the framework calls (its inputs are captured by reference).
+        roots: further modules the framework's step may call instead of ``model``'s forward (a
+            LightningModule's ``self.model(x)`` in ``training_step``): a call of one of them that is
+            not inside another captured call is captured and replayed on its own.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the precision the framework runs.
         grad_accumulation: micro-batches per optimizer step (the loss the framework backpropagates
             is divided by it).
     """
 
-    def __init__(self, model: nn.Module, precision: str, *, grad_accumulation: int = 1) -> None:
+    def __init__(self, model: nn.Module, precision: str, *, grad_accumulation: int = 1,
+                 roots: Sequence[nn.Module] = ()) -> None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.doctor = ReplayDoctor()
-        self._engine = _LoopEngine(model, Precision.parse(precision, device), grad_accumulation)
+        models = [model, *(r for r in roots if r is not model)]
+        self._engine = _LoopEngine(models, Precision.parse(precision, device), grad_accumulation)
         self.doctor.on_attach(self._as_engine)
-        self._handle = model.register_forward_hook(self._on_output)
+        self._handles = [model.register_forward_hook(self._on_output)]
+        self._handles += [m.register_forward_hook(self._on_root_output) for m in models[1:]]
         self._explicit_loss = False
         self._forwards = 0
         self._warned = False
         self._name = type(model).__name__
+        self._roots = bool(roots)
 
     @property
     def _as_engine(self) -> Engine:
@@ -78,9 +86,11 @@ class LoopDoctor:
         if self._forwards == 0 and not self._warned:
             # The replay re-runs the captured forward calls: with none there is nothing to replay.
             self._warned = True
-            log.warning("ampkit doctor: %s's forward was not called during step %d, so a failing step cannot be "
-                        "replayed; call the model itself (self(x) in a LightningModule's training_step, not only "
-                        "its submodules) so the doctor captures its inputs", self._name, step)
+            what = (f"neither {self._name}'s forward nor one of its child modules with trainable parameters was"
+                    if self._roots else f"{self._name}'s forward was not")
+            log.warning("ampkit doctor: %s called during step %d, so a failing step cannot be replayed; call the "
+                        "model (self(x) or self.model(x) in a LightningModule's training_step, not only deeper "
+                        "submodules) so the doctor captures its inputs", what, step)
         self._forwards = 0
         result = StepResult(boundary=True, found_inf=found_inf, scale=scale, optimizer_step=step)
         self.doctor.after_step(self._as_engine, result, [])
@@ -100,8 +110,14 @@ class LoopDoctor:
         return self.doctor.on_event(self._as_engine, event)
 
     def close(self) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
         self.doctor.close()
+
+    def _on_root_output(self, module: nn.Module, args: Any, output: Any) -> None:
+        # Only counted: a root's output is an intermediate value, the loss comes from the framework.
+        if torch.is_grad_enabled():
+            self._forwards += 1
 
     def _on_output(self, module: nn.Module, args: Any, output: Any) -> None:
         if torch.is_grad_enabled():

@@ -112,13 +112,16 @@ class Watcher:
     Built by ``watch(...)`` (Accelerate) and ``ampkit.integrations.hf.AmpkitCallback`` (Trainer).
     ``findings`` holds the pre-flight findings, the alarms' findings (at each flush) and the
     doctor's; ``events`` every alarm as a dict; ``should_stop`` is set by an alarm with action
-    ``"stop"``.  A context manager; ``close()`` flushes and removes every hook.
+    ``"stop"``.  A context manager; ``close()`` flushes and removes every hook.  ``doctor_roots``:
+    modules the loop may call instead of ``model``'s forward, captured for the doctor too
+    (``LoopDoctor``'s ``roots``).
     """
 
     def __init__(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], *, scaler: Any,
                  precision: PrecisionInEffect, scheduler: Any = None, telemetry: Any = True, doctor: bool = False,
                  strategy: str | None = None, framework: str = "Accelerate", grad_accumulation: int = 1,
-                 clip_grad_norm: float | None = None, checks: bool = True) -> None:
+                 clip_grad_norm: float | None = None, checks: bool = True,
+                 doctor_roots: Sequence[nn.Module] = ()) -> None:
         self.precision, self.strategy, self.framework = precision, strategy, framework
         self.scaler = scaler if isinstance(scaler, torch.amp.GradScaler) else None
         self.events: list[dict[str, Any]] = []
@@ -130,7 +133,7 @@ class Watcher:
         if strategy is not None:
             warnings.warn(f"ampkit: {framework} runs under {strategy.upper()}. {STRATEGY_NOTES[strategy]}",
                           StrategyWarning, stacklevel=3)
-        self.doctor = (LoopDoctor(model, precision.actual, grad_accumulation=grad_accumulation)
+        self.doctor = (LoopDoctor(model, precision.actual, grad_accumulation=grad_accumulation, roots=doctor_roots)
                        if doctor and strategy is None else None)
         self.observer: LoopObserver = observe(
             list(optimizers), scaler=self.scaler, telemetry=telemetry, model=model, scheduler=scheduler,
@@ -161,6 +164,11 @@ class Watcher:
         self.observer.record_loss(loss.detach())
         if self.doctor is not None:
             self.doctor.record_loss(backward if backward is not None else loss)
+
+    def grads_ready(self, grad_norm: torch.Tensor | None = None) -> None:
+        """Record the step's gradients now, with ``grad_norm`` (``clip_grad_norm_``'s return, before clipping)
+        when given (``LoopObserver.grads_ready``)."""
+        self.observer.grads_ready(grad_norm)
 
     def poll(self) -> None:
         """Close the step the loop has moved past (no device read; see ``LoopObserver.poll``)."""

@@ -9,6 +9,9 @@ loss through model hooks and reads the scaler's ``found_inf`` and scale on the d
 * ``on_train_begin``: pre-flight findings (MIXED_PRECISION_OFF, LOW_PRECISION_PARAMS,
   SCALER_WITH_BF16, fused optimizer + fp16); after ``resume_from_checkpoint``, a check that the
   loss scale the checkpoint was saved with is the one the Trainer restored (CHECKPOINT_MISSING_SCALER);
+* the Trainer's ``accelerator.clip_grad_norm_`` (wrapped on the instance for the ``train()`` call):
+  the step's gradients are recorded with the total norm it returns, the norm before clipping that
+  the Trainer logs as ``grad_norm`` (no second norm, no host read);
 * ``on_step_end``: closes the step (one record per optimizer step, after the scheduler stepped, so
   SCHEDULER_STEPPED_ON_SKIP sees it) and turns an alarm with action ``"stop"`` into
   ``control.should_training_stop``; no host read between flushes;
@@ -23,6 +26,9 @@ hides it from the Trainer's logs) does not hide it from ampkit.
 from __future__ import annotations
 
 import os
+import sys
+import warnings
+from types import FrameType
 from typing import Any
 
 import torch
@@ -58,6 +64,7 @@ class AmpkitCallback(TrainerCallback):
         self.resumed: dict[str, Any] | None = None
         """After a resume: ``{"checkpoint", "saved_scale", "scale"}``."""
         self._findings: list[Finding] = []
+        self._tap: _PreClipNorm | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -70,8 +77,7 @@ class AmpkitCallback(TrainerCallback):
 
     @override
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.watcher is not None:
-            self.watcher.close()
+        self._release()
         model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
         if model is None or optimizer is None:
             raise RuntimeError("AmpkitCallback needs the Trainer's model and optimizer in on_train_begin; "
@@ -88,6 +94,8 @@ class AmpkitCallback(TrainerCallback):
             grad_accumulation=args.gradient_accumulation_steps,
             clip_grad_norm=args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None,
             checks=self.checks)
+        clipping = self.watcher.observer.clip_grad_norm is not None
+        self._tap = _PreClipNorm.attach(_calling_trainer(), self.watcher, clipping=clipping)
         if state.global_step > 0:
             self._check_resume(self.watcher, args, state)
 
@@ -115,6 +123,13 @@ class AmpkitCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.watcher is not None:
             self._findings = self.watcher.findings
+        self._release()
+
+    def _release(self) -> None:
+        if self._tap is not None:
+            self._tap.remove()
+            self._tap = None
+        if self.watcher is not None:
             self.watcher.close()
 
     def _check_resume(self, watcher: Watcher, args: Any, state: Any) -> None:
@@ -140,6 +155,58 @@ class AmpkitCallback(TrainerCallback):
 
     def __repr__(self) -> str:
         return f"AmpkitCallback(doctor={self.doctor}, watcher={self.watcher!r})"
+
+
+class _PreClipNorm:
+    """The Trainer's ``accelerator.clip_grad_norm_``, wrapped on the instance while ``train()`` runs.
+
+    The Trainer clips (and, with a GradScaler, unscales) before any callback event of the step, and
+    ``on_pre_optimizer_step`` sees the clipped gradients.  The total norm ``clip_grad_norm_`` returns
+    is the norm before clipping (the Trainer's logged ``grad_norm``): the step's gradients are
+    recorded with it, right after the unscale and the clip.  A device tensor: no host read.
+    """
+
+    def __init__(self, accelerator: Any, watcher: Watcher) -> None:
+        self.accelerator, self.watcher = accelerator, watcher
+        self.original = accelerator.clip_grad_norm_
+        accelerator.clip_grad_norm_ = self
+
+    @classmethod
+    def attach(cls, trainer: Any, watcher: Watcher, *, clipping: bool) -> _PreClipNorm | None:
+        accelerator = getattr(trainer, "accelerator", None)
+        if accelerator is not None and callable(getattr(accelerator, "clip_grad_norm_", None)):
+            return cls(accelerator, watcher)
+        if clipping:
+            warnings.warn("ampkit: AmpkitCallback found no Trainer calling it, so the recorded grad_norm is read after "
+                          "the Trainer's clipping (at most max_grad_norm); use it from Trainer(callbacks=[...])",
+                          RuntimeWarning, stacklevel=3)
+        return None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        norm = self.original(*args, **kwargs)
+        if isinstance(norm, torch.Tensor) and getattr(self.accelerator, "sync_gradients", True):
+            self.watcher.grads_ready(norm.detach().to(torch.float32))
+        return norm
+
+    def remove(self) -> None:
+        if vars(self.accelerator).get("clip_grad_norm_") is self:
+            del self.accelerator.clip_grad_norm_
+
+
+def _calling_trainer() -> Any:
+    """The ``transformers.Trainer`` whose ``train()`` runs this callback event (callbacks are not handed
+    it): the first caller frame whose ``self`` is one.  A walk of a few frames, once per ``train()``."""
+    from transformers import Trainer
+
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer):
+            return owner
+        frame = frame.f_back
+    return None
 
 
 def _autocast_in_forward(model: Any) -> bool:

@@ -51,6 +51,17 @@ def test_replay_healthy_run_stores_only_the_capture() -> None:
     assert doctor._calls == [] and doctor._pending == []  # nothing accumulates across steps
 
 
+def test_replay_captures_a_prepared_model_called_inside_another_once() -> None:
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    mp.prepare(model[0])  # runs inside model's forward: part of model's replay, not a call of its own
+    _train(model, mp, _batches(2), torch.optim.SGD(model.parameters(), lr=0.1))
+    last = mp.doctor._last
+    assert last is not None and [c.model for c in last.calls] == [model]
+    assert last.calls[0].grads[0] is not None and last.calls[0].grads[0].shape == (4, 1)
+
+
 def test_replay_triggers_only_on_the_bad_step() -> None:
     model = _mlp()
     mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)

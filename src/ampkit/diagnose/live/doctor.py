@@ -4,7 +4,8 @@
 
 * references to the inputs of each call of a prepared model (a forward pre-hook; no copy —
   the batch is alive anyway — so an input buffer the training code overwrites in place is
-  seen with its new contents at replay time);
+  seen with its new contents at replay time); a prepared model called inside another one's
+  forward is not captured again: the outer call's replay runs it;
 * the RNG state before that call (``torch.get_rng_state``: a 5 KB host copy; on CUDA the
   generator's seed and offset, read from host memory without a device sync) and the autocast
   state;
@@ -68,6 +69,7 @@ from ampkit.findings import Finding
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 
 if TYPE_CHECKING:
+    from ampkit.diagnose.step.programs import OutputGradProgram
     from ampkit.diagnose.step.result import DiagnosisResult
     from ampkit.engine import Engine
 
@@ -136,6 +138,8 @@ class ReplayDoctor(EngineHook):
         self._loss_reported = False
         self._warned_unprepared = False
         self._out_nodes: dict[Any, tuple[_Call, int]] = {}
+        self._depth = 0
+        """Hooked models running now: a call made inside another is part of the outer one's replay."""
 
     # -- engine hooks ------------------------------------------------------------------------
     @override
@@ -211,7 +215,8 @@ class ReplayDoctor(EngineHook):
             return
         self._hooked[id(model)] = [
             model.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
-            model.register_forward_hook(self._post_hook, with_kwargs=True),
+            # always_call: a forward that raises still leaves the nesting depth balanced
+            model.register_forward_hook(self._post_hook, with_kwargs=True, always_call=True),
         ]
 
     @override
@@ -223,7 +228,8 @@ class ReplayDoctor(EngineHook):
         self._hooked.clear()
 
     def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        if self._replaying or not torch.is_grad_enabled():
+        self._depth += 1
+        if self._depth > 1 or self._replaying or not torch.is_grad_enabled():
             return
         if self._pending:
             self._poll()
@@ -235,7 +241,8 @@ class ReplayDoctor(EngineHook):
         ))
 
     def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        if self._replaying or not self._calls or self._calls[-1].model is not module:
+        self._depth = max(0, self._depth - 1)
+        if self._depth > 0 or self._replaying or not self._calls or self._calls[-1].model is not module:
             return
         call = self._calls[-1]
         outs = [t for t in float_tensors(output) if t.requires_grad]
@@ -299,7 +306,6 @@ class ReplayDoctor(EngineHook):
 
     def _run(self, cap: _StepCapture, reason: str) -> list[Finding]:
         from ampkit.diagnose.step.api import diagnose_program
-        from ampkit.diagnose.step.programs import OutputGradProgram
         from ampkit.diagnose.step.session import RngSnapshot, Session
 
         scale = _scale_value(cap)
@@ -314,10 +320,7 @@ class ReplayDoctor(EngineHook):
         clean.enter_context(torch.autocast(engine.device.type, enabled=False))
         try:
             for call in cap.calls:
-                grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
-                seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
-                program = OutputGradProgram(call.args, call.kwargs, grads if seed_finite else [],
-                                            loss_scale=effective, autocast=call.autocast)
+                program, seed_finite = _program(call, effective)
                 session = Session(call.model, program, engine.precision,
                                   rng=RngSnapshot(engine.device, cpu=call.rng_cpu, accel=call.rng_accel))
                 try:
@@ -376,6 +379,21 @@ class _WideKeeper(_GradKeeper):
 
     def __call__(self, grad_outputs: Any) -> None:  # type: ignore[override]
         self.slots[self.index] = grad_outputs[0]
+
+
+def _program(call: _Call, effective: float) -> tuple[OutputGradProgram, bool]:
+    """The replay of one captured call, and whether the gradient its outputs received was finite.
+
+    Non-finite seed entries are zeroed (or replaced by a mean's gradient), as the script doctor does:
+    the replayed backward then shows whether the forward itself goes non-finite.  Host reads: replay only.
+    """
+    from ampkit.diagnose.step.programs import OutputGradProgram, usable_seed
+
+    grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
+    seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
+    program = OutputGradProgram(call.args, call.kwargs, [usable_seed(g, effective) for g in grads],
+                                loss_scale=effective, autocast=call.autocast)
+    return program, seed_finite
 
 
 def _with_context(f: Finding, reason: str, now: int) -> Finding:

@@ -6,7 +6,7 @@ backward from the model's outputs with the gradient they received in the user's 
 (``OutputGradProgram``).  When that gradient was rounded to fp16/bf16 by a cast right after the
 model (autocast's fp32 loss ops, ``.float()``), the gradient from *before* the cast is used,
 so an overflow at that boundary is reproduced, and judged at scale 1, exactly.  Entries made
-non-finite by a non-finite forward are zeroed (``_usable``), so the keep-fp32 bisection can
+non-finite by a non-finite forward are zeroed (``usable_seed``), so the keep-fp32 bisection can
 tell a fixed forward from a broken one.
 """
 
@@ -23,7 +23,7 @@ from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.watchers.model import Capture
 from ampkit.diagnose.step.api import diagnose_program
-from ampkit.diagnose.step.programs import OutputGradProgram
+from ampkit.diagnose.step.programs import OutputGradProgram, usable_seed
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.diagnose.step.session import RngSnapshot, Session
 from ampkit.precision import LOW_PRECISION_DTYPES, Precision
@@ -57,8 +57,7 @@ def replay_capture(cap: Capture, *, intended: str | None = None, step: int | Non
         return None
     name, dtype, autocast_on = how
     scale = float(cap.scale) if cap.scale is not None else 1.0
-    grads = [_usable(g32 if g32 is not None else g, out, scale)
-             for g, g32, out in zip(cap.grads, cap.grads_fp32, cap.outputs)]
+    grads = [usable_seed(g32 if g32 is not None else g, scale) for g, g32 in zip(cap.grads, cap.grads_fp32)]
     program = OutputGradProgram(cap.args, cap.kwargs, grads, loss_scale=scale,
                                 autocast=(cap.device.type, dtype, autocast_on))
     precision = Precision.parse(name, cap.device)
@@ -111,22 +110,3 @@ def framework_autocast_off(markers: Sequence[Any]) -> Iterator[None]:
         yield
     finally:
         patches.restore()
-
-
-def _usable(grad: torch.Tensor | None, out: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """The captured output gradient, made usable as a backward seed.
-
-    A non-finite loss sends NaN back only into the output rows that were non-finite (each
-    row's gradient depends on its own values); those entries are zeroed so that a trial that
-    fixes the forward can also finish its backward.  A gradient that is non-finite everywhere
-    carries no information: it is replaced by the gradient of a mean over the output
-    (``scale / numel`` per element), the right order of magnitude for a mean-reduced loss.
-    """
-    if grad is None:
-        return None
-    finite = torch.isfinite(grad)
-    if bool(finite.all()):
-        return grad
-    if bool(finite.any()):
-        return torch.where(finite, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
-    return torch.full(out.shape, scale / max(1, out.numel()), dtype=torch.float32, device=out.device)

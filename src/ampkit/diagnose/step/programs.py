@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_map
 
 from ampkit.diagnose.core.modules import float_tensors
 
-__all__ = ["ForwardOut", "LossProgram", "OutputGradProgram", "StepProgram"]
+__all__ = ["ForwardOut", "LossProgram", "OutputGradProgram", "StepProgram", "usable_seed"]
 
 
 @dataclass
@@ -113,3 +113,23 @@ class OutputGradProgram:
             inv = 1.0 / self.loss_scale
             seeds = [(g.float() * inv).to(r.dtype) for r, g in pairs]
         torch.autograd.backward([r for r, _ in pairs], seeds)
+
+
+def usable_seed(grad: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+    """A captured output gradient, made usable as an ``OutputGradProgram`` backward seed.
+
+    A non-finite loss sends NaN back only into the output rows that were non-finite (each
+    row's gradient depends on its own values); those entries are zeroed so that a trial that
+    fixes the forward can also finish its backward.  A gradient that is non-finite everywhere
+    carries no information: it is replaced by the gradient of a mean over the output
+    (``scale / numel`` per element), the right order of magnitude for a mean-reduced loss.
+    Host reads of the gradient's finiteness: the replay path only.
+    """
+    if grad is None:
+        return None
+    finite = torch.isfinite(grad)
+    if bool(finite.all()):
+        return grad
+    if bool(finite.any()):
+        return torch.where(finite, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    return torch.full(grad.shape, scale / max(1, grad.numel()), dtype=torch.float32, device=grad.device)

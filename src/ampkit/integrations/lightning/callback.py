@@ -17,7 +17,8 @@ scheduler.  Then, per optimizer step:
 Without a scaler the stock plugins call ``optimizer.step(closure)``: forward and backward run inside
 the step, and the observer begins the step's record when its gradients are ready.  With
 ``doctor=True`` the live doctor captures the inputs of the LightningModule's own forward
-(``self(x)`` in ``training_step``) and the loss given to ``on_before_backward``.
+(``self(x)`` in ``training_step``), or of a child module with trainable parameters that
+``training_step`` calls directly (``self.model(x)``), and the loss given to ``on_before_backward``.
 
 Its state (step count, the alarms' running state) is in the checkpoint (``state_dict``).
 """
@@ -52,7 +53,7 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
         telemetry: a ``Telemetry`` (with its alarms and sinks), a list of sinks, a ``*.jsonl``
             path, or True (alarms only): the forms of ``MixedPrecision(telemetry=...)``.
         doctor: replay a failing step through the live doctor, with the precision the Trainer runs
-            (the doctor captures the LightningModule's own forward).
+            (the doctor captures the LightningModule's own forward, or a child's: ``self.model(x)``).
 
     With ``AmpkitPrecision`` the engine records the same telemetry itself: pass
     ``AmpkitPrecision(..., telemetry=...)`` instead of this callback.
@@ -90,7 +91,8 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
             precision=PrecisionInEffect(actual, actual, setting=f"Trainer(precision={str(trainer.precision)!r})"),
             scheduler=steps[0] if len(steps) == 1 else None, telemetry=self.telemetry_spec, doctor=self.doctor,
             strategy=strategy_of(trainer.strategy, trainer.strategy.model), framework="Lightning",
-            grad_accumulation=self._accumulate, clip_grad_norm=_norm_clip(trainer))
+            grad_accumulation=self._accumulate, clip_grad_norm=_norm_clip(trainer),
+            doctor_roots=_step_roots(pl_module))
         if self._pending_state is not None:
             self.watcher.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -157,6 +159,12 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"AmpkitCallback(doctor={self.doctor}, watcher={self.watcher!r})"
+
+
+def _step_roots(pl_module: pl.LightningModule) -> list[torch.nn.Module]:
+    """The children a ``training_step`` may call instead of ``self(x)`` (``self.model(x)``, the pattern of
+    Lightning's own examples): those with trainable parameters (a loss module or a metric has none)."""
+    return [m for m in pl_module.children() if any(p.requires_grad for p in m.parameters())]
 
 
 def _norm_clip(trainer: pl.Trainer) -> float | None:
