@@ -219,7 +219,7 @@ def error_finding(err: OpError, exc: BaseException, *, step: int | None) -> Find
     """DTYPE_MISMATCH / CAST_OVERFLOW for an op that raised; None when it is neither."""
     text = str(exc)
     where = display_module(err.module)
-    evidence = {"input_dtypes": list(err.in_dtypes), "phase": err.phase, "error": text.splitlines()[0][:500]}
+    evidence: dict[str, Any] = {"input_dtypes": list(err.in_dtypes), "phase": err.phase, "error": text.splitlines()[0][:500]}
     if "cannot be converted to type" in text and "overflow" in text:
         return Finding(
             code="CAST_OVERFLOW", severity="error",
