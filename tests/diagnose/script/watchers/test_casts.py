@@ -111,3 +111,28 @@ def test_dtype_mismatch_of_a_half_model_under_autocast_names_fp16_params_their_c
     assert "call chain:" in f.message
     assert f.fix.startswith("keep the parameters in fp32: drop `.half()` at") and "mp.autocast()" not in f.fix
     assert f.evidence["made_low_precision"]["call"] == ".half()"
+
+
+def test_low_precision_params_names_a_lightning_true_precision_conversion(tmp_path: Path) -> None:
+    import lightning as L
+
+    class Net(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(4, 1)
+
+        def training_step(self, batch: list[torch.Tensor], i: int) -> torch.Tensor:
+            return self.net(batch[0]).float().pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train() -> None:
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
+        L.Trainer(accelerator="cpu", precision="bf16-true", max_steps=1, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path).fit(Net(), data)
+
+    (f,) = _low_params(observe(train))
+    assert f.evidence["made_low_precision"]["kind"] == "framework"
+    assert f"lightning converted them to bf16 with `.to(torch.bfloat16)` during the call at {_here(train, 3)}" in f.message
+    assert "precision='bf16-mixed'" in f.fix

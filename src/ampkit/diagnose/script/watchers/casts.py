@@ -87,8 +87,8 @@ class CastSite:
                 return f"load in fp32: drop {arg} from from_pretrained{self._at} (or pass dtype=torch.float32), {then}"
             return f"load in fp32: pass dtype=torch.float32 to from_pretrained{self._at}, {then}"
         if self.kind == "framework":
-            return (f"choose a {self.by} precision that keeps fp32 weights (a '-mixed' one such as 'bf16-mixed', "
-                    f"not '-true'){self._at}, {then}")
+            return (f"choose a {self.by} precision that keeps fp32 weights and autocasts per op{self._at} (a '-mixed' "
+                    "one such as precision='bf16-mixed', not '-true')")
         return f"keep the parameters in fp32: drop `{self.how}`{self._at}, {then}"
 
 
