@@ -205,6 +205,7 @@ class Session:
             except Exception as exc:  # the caller turns known errors into findings and re-raises the rest
                 result.exception = exc
             if tracer is not None:
+                tracer.stop = None  # the frame of this call: a reference cycle holding the run's tensors otherwise
                 tracer.finalize()
                 result.log = TraceLog.from_tracer(tracer)
         result.root_output = recorder.root_output

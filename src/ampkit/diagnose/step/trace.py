@@ -14,7 +14,9 @@ Attribution:
   each node is mapped, when the forward op that created it returns, to that forward op, so
   backward ops carry the module and the user line of the forward op they differentiate
   (``AccumulateGrad`` nodes map to the module owning the parameter);
-* location: the innermost Python frame that is user code (``ampkit._util.frames.UserFrames``).
+* location: the innermost Python frame that is user code (``ampkit._util.frames.UserFrames``); a
+  replay of a captured step (``stop``) looks only above its own frame, and an op no user frame
+  runs there (a built-in module's) takes ``call_site``, the user's line that called the model.
 
 Cost: a Python call, a pytree flatten, a short stack walk and one reduction per op. It only
 runs on a step being diagnosed, never in the training hot path.
