@@ -27,6 +27,7 @@ __all__ = [
     "Cause",
     "Finding",
     "Severity",
+    "accelerate_fp16_off",
     "mixed_precision_off",
     "nonfinite_input",
     "scale_collapse",
@@ -210,3 +211,12 @@ def mixed_precision_off(requested: str, actual: str, reason: str, turn_on: str) 
     message = f"{requested} asks for mixed precision, but it is not in effect: {reason}. What ran: {actual}"
     fix = f"{turn_on}; or remove the request if training in fp32 is intended"
     return message, fix
+
+
+def accelerate_fp16_off(device: str) -> tuple[str, str]:
+    """Why fp16 asked of Accelerate (``TrainingArguments(fp16=True)``, ``mixed_precision='fp16'``) trains in
+    fp32 on ``device`` without an accelerator, and how to turn mixed precision on: MIXED_PRECISION_OFF's
+    ``reason`` and ``turn_on``, for the integrations and for ``ampkit doctor SCRIPT``."""
+    return (f"Accelerate enables fp16 autocast and its GradScaler only on an accelerator (CUDA, XPU, ...) and this "
+            f"run is on {device}, so it trains in fp32 with only a log line saying so",
+            "run on a GPU, or ask for bf16 instead (bf16=True / mixed_precision='bf16'), which runs on CPU")

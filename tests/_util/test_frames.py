@@ -39,3 +39,17 @@ def test_user_frames_call_chain_lists_user_frames_outermost_first(tmp_path: Path
     shown = [link.split(" ", 1)[1] for link in chain]
     assert shown == ["Trainer.step()", "inner()"]  # this test file is not under tmp_path: left out
     assert chain[-1].endswith("train.py:6 inner()")
+
+
+def test_user_frames_caller_frame_stops_at_the_stop_frame() -> None:
+    frames = UserFrames([Path(__file__).parent])
+    outer = sys._getframe()
+
+    def library_side(stop: object) -> object:  # walks from its caller, the library frame run()
+        return frames.caller_frame(2, stop=stop)  # type: ignore[arg-type]
+
+    ns: dict[str, object] = {"library_side": library_side}
+    exec(compile("def run(stop): return library_side(stop)", "/usr/lib/python3/not_user.py", "exec"), ns)
+    # this test's frame is a user frame, but it is the stop frame: no user frame above it runs the code
+    assert ns["run"](outer) is None  # type: ignore[operator]
+    assert ns["run"](None) is outer  # type: ignore[operator]

@@ -80,10 +80,10 @@ class UserFrames:
             return any(_under(path, r) for r in self.user_roots)
         return "site-packages" not in path and "dist-packages" not in path
 
-    def location(self, depth: int = 1) -> str | None:
+    def location(self, depth: int = 1, *, stop: types.FrameType | None = None) -> str | None:
         """``file:line`` (the path as the code object has it) of the innermost user frame, starting
-        ``depth`` frames above this call."""
-        frame = self.caller_frame(depth + 1)
+        ``depth`` frames above this call; with ``stop``, only frames above that one count."""
+        frame = self.caller_frame(depth + 1, stop=stop)
         return None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
     def format(self, filename: str, lineno: int) -> str:
@@ -105,12 +105,14 @@ class UserFrames:
             frame = frame.f_back
         return None
 
-    def caller_frame(self, skip: int = 1) -> types.FrameType | None:
-        """The innermost frame on the current stack that runs user code."""
+    def caller_frame(self, skip: int = 1, *, stop: types.FrameType | None = None) -> types.FrameType | None:
+        """The innermost frame on the current stack that runs user code; with ``stop``, None when
+        the walk reaches that frame first (the user's frames below it called the code being
+        observed, they are not its place)."""
         frame: types.FrameType | None = sys._getframe(skip)
-        while frame is not None and not self.is_user(frame.f_code.co_filename):
+        while frame is not None and frame is not stop and not self.is_user(frame.f_code.co_filename):
             frame = frame.f_back
-        return frame
+        return None if frame is stop else frame
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, with the warnings it raises re-attributed to the user's line.

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit.findings import Finding
+from ampkit.findings import Finding, accelerate_fp16_off
 from ampkit.hooks import HookEvent
 from ampkit.integrations._doctor import LoopDoctor
 from ampkit.integrations.preflight import PrecisionInEffect, preflight
@@ -97,9 +97,7 @@ def accelerate_precision(mixed_precision: str, native_amp: bool, device: torch.d
     actual = requested if requested is not None and native_amp else "fp32"
     dev = torch.device(device).type
     if requested == "fp16":
-        reason = (f"Accelerate enables fp16 autocast and its GradScaler only on an accelerator (CUDA, XPU, ...) and "
-                  f"this run is on {dev}, so it trains in fp32 with only a log line saying so")
-        turn_on = "run on a GPU, or ask for bf16 instead (bf16=True / mixed_precision='bf16'), which runs on CPU"
+        reason, turn_on = accelerate_fp16_off(dev)
     else:
         reason = f"Accelerate did not enable {requested} autocast on {dev} (native_amp is False)"
         turn_on = f"run on a device with {requested} support (check `ampkit env`)"

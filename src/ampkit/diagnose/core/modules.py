@@ -87,6 +87,9 @@ class ModuleRecorder:
         self.reference = reference
         self.only = only
         self.stack: list[str] = []
+        self.autocast = False
+        """Autocast was on when the innermost running forward began (read here because inside a
+        dispatch mode torch reports autocast as off)."""
         self.calls: dict[str, int] = defaultdict(int)
         self.order: list[str] = []
         """Module names in the order their forward completed (first call of each)."""
@@ -119,6 +122,7 @@ class ModuleRecorder:
     def _make_pre(self, name: str) -> Any:
         def pre(module: nn.Module, args: Any) -> None:
             self.stack.append(name)
+            self.autocast = torch._C._is_any_autocast_enabled()
 
         return pre
 

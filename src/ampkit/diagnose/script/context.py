@@ -28,8 +28,10 @@ from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.state import Sampler, WatchState
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
 from ampkit.diagnose.script.watchers.backward import BackwardWatch
+from ampkit.diagnose.script.watchers.casts import CastWatch
 from ampkit.diagnose.script.watchers.compile import CompileWatch
 from ampkit.diagnose.script.watchers.engine import EngineWatch
+from ampkit.diagnose.script.watchers.frameworks import FrameworkWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
 from ampkit.diagnose.script.watchers.optim import OptimWatch
@@ -71,7 +73,9 @@ class Context:
         models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller, user_frame=code.caller_frame)
         self.state = WatchState(frames=code, models=models, signals=self, sampler=sampler or Sampler())
         self.autocast = AutocastWatch(self.state)
-        self.optim = OptimWatch(self.state, autocast=self.autocast)
+        self.casts = CastWatch(self.state)
+        self.frameworks = FrameworkWatch(self.state)
+        self.optim = OptimWatch(self.state, autocast=self.autocast, casts=self.casts)
         self.backward = BackwardWatch(self.state)
         self.scalers = ScalerWatch(self.state, optim=self.optim, backward=self.backward)
         # optimizer steps and backward calls consult the scalers that guard them, and vice versa
@@ -119,8 +123,8 @@ class Context:
             self.models.paused = before
 
     def install(self, patches: PatchSet) -> None:
-        for watch in (self.autocast, self.optim, self.scalers, self.backward, self.checkpoints, self.compiles,
-                      self.engines):
+        for watch in (self.autocast, self.casts, self.frameworks, self.optim, self.scalers, self.backward,
+                      self.checkpoints, self.compiles, self.engines):
             watch.install(patches)
         self.models.set_discovery(True)
         patches.handle(_Remover(self.models.remove))

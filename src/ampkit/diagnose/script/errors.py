@@ -31,6 +31,7 @@ from ampkit.findings import Finding
 __all__ = ["exception_finding", "explain_exception"]
 
 _CAST = re.compile(r"value cannot be converted to type (?:at::|c10::)?(\w+) without overflow")
+_NORM_PARAMS = re.compile(r"mixed dtype \(CPU\): expect parameter to have scalar type of (\w+)")
 _DTYPE_PATTERNS = [
     re.compile(r"mat1 and mat2 must have the same dtype, but got (\w+) and (\w+)"),
     re.compile(r"expected m1 and m2 to have the same dtype, but got: ([\w:]+) != ([\w:]+)"),
@@ -131,6 +132,21 @@ def _dtype_mismatch(text: str) -> tuple[str, str, str] | None:
     return None
 
 
+def _norm_param_dtype(text: str) -> tuple[str, str, str] | None:
+    m = _NORM_PARAMS.search(text)
+    if not m:
+        return None
+    want = dtype_name(m.group(1))
+    return (
+        "DTYPE_MISMATCH",
+        f"a normalisation op (layer_norm / group_norm / batch_norm on CPU) got parameters in another dtype than its "
+        f"input (it accepts parameters in {want} or in the input's dtype): the module's parameters were converted to "
+        "low precision (.half(), .to(torch.float16), a low-precision load) while autocast hands it another dtype",
+        "keep the model's parameters fp32 and let autocast choose the dtypes (autocast runs normalisation in fp32); "
+        "or cast the input to the parameters' dtype (`x.to(norm.weight.dtype)`)",
+    )
+
+
 def _fp16_grads(text: str) -> tuple[str, str, str] | None:
     if "Attempting to unscale FP16 gradients" not in text:
         return None
@@ -165,5 +181,5 @@ def _nonfinite_probs(text: str) -> tuple[str, str, str] | None:
 
 # Each rule returns (code, message, fix) or (code, message, fix, evidence).
 _RULES: list[Callable[[str], tuple[Any, ...] | None]] = [
-    _cast_overflow, _dtype_mismatch, _fp16_grads, _scaler_order, _nonfinite_probs,
+    _cast_overflow, _dtype_mismatch, _norm_param_dtype, _fp16_grads, _scaler_order, _nonfinite_probs,
 ]

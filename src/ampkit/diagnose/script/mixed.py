@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit._util.dtypes import dtype_name
-from ampkit.findings import mixed_precision_off
+from ampkit.findings import accelerate_fp16_off, mixed_precision_off
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.context import Context
@@ -113,12 +113,13 @@ def mixed_precision_record(ctx: Context, flags: Mapping[str, str], intended: str
                  "enabled_arg": a.requested, "enabled": a.effective,
                  "entered": entered[key].entered if key in entered else 0}
                 for key, a in {**entered, **ctx.autocast.built}.items()]
+    frameworks = [r.to_dict() for r in ctx.frameworks.requests]
     amp = (any(s["enabled_arg"] for s in scalers) or any(a["enabled_arg"] for a in autocast) or bool(flags)
-           or ctx.scalers.ampkit_enabled)
+           or ctx.scalers.ampkit_enabled or bool(frameworks))
     enabled = any(i.enabled for i in ctx.scalers.infos) or ctx.scalers.ampkit_enabled
     record: dict[str, Any] = {
         "requested": {"amp": amp, "scalers": scalers, "autocast": autocast, "flags": dict(flags),
-                      "precision": intended},
+                      "frameworks": frameworks, "precision": intended},
         "actual": {
             "forwards": ctx.forwards.total,
             "autocast_regions": sum(r.entered for r in entered.values() if r.effective),
@@ -178,7 +179,10 @@ def report_mixed_precision_off(ctx: Context, flags: Mapping[str, str]) -> None:
             if info.off_reason() in _OFF_BY_DEVICE:
                 _scaler_off(ctx, info, trained, device)
     if trained == "fp32" and not ctx.ledger.has("AUTOCAST_INACTIVE"):
-        _no_autocast(ctx, flags, device)
+        if ctx.frameworks.requests:
+            _framework_off(ctx, device)
+        else:
+            _no_autocast(ctx, flags, device)
 
 
 def _fp32_actual(forwards: int) -> str:
@@ -265,3 +269,20 @@ def _no_autocast(ctx: Context, flags: Mapping[str, str], device: str) -> None:
     ctx.ledger.add("MIXED_PRECISION_OFF", key="no_autocast", message=message, fix=fix, location=where,
                    evidence={"what": "autocast", "forwards": ctx.forwards.total, "autocast_regions": 0,
                              "flags": dict(flags), "model_device": device})
+
+
+def _framework_off(ctx: Context, device: str) -> None:
+    """A framework's settings object asks for mixed precision (``TrainingArguments(fp16=True)``), but no
+    forward ran under autocast: the framework dropped it on this device."""
+    req = ctx.frameworks.requests[0]
+    if req.dtype == "fp16":
+        reason, turn_on = accelerate_fp16_off(device)
+    else:
+        reason = f"the {req.framework} did not enable {req.dtype} autocast on {device}"
+        turn_on = f"run on a device with {req.dtype} support (check `ampkit env`)"
+    built = f" (built at {req.location})" if req.location else ""
+    message, fix = mixed_precision_off(f"{req.setting}{built}", _fp32_actual(ctx.forwards.total), reason, turn_on)
+    ctx.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
+                   location=req.location,
+                   evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
+                             "forwards": ctx.forwards.total, "autocast_regions": 0, "model_device": device})

@@ -8,8 +8,11 @@ in reverse order, even when the observed script crashed.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
+import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["PatchSet"]
@@ -54,6 +57,19 @@ class PatchSet:
             pass
         self.replace(owner, name, wrapped)
 
+    def after_import(self, name: str, patch: Callable[[types.ModuleType], None]) -> None:
+        """Call ``patch(module)`` once module ``name`` is imported: now when it already is, else right
+        after the script imports it (a finder at the head of ``sys.meta_path``, removed on restore).
+        A library the script never imports is never imported by the doctor.  Cost: one dict look-up
+        per import statement of the script that loads a new module."""
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            patch(loaded)
+            return
+        finder = _AfterImport(name, patch)
+        sys.meta_path.insert(0, finder)
+        self._undo.append(_Remover(lambda: sys.meta_path.remove(finder) if finder in sys.meta_path else None))
+
     def handle(self, handle: Any) -> None:
         """Keep a ``RemovableHandle`` (or anything with ``remove()``) to remove on restore."""
         self._undo.append(handle)
@@ -73,3 +89,46 @@ class PatchSet:
 
     def __len__(self) -> int:
         return len(self._undo)
+
+
+class _Remover:
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.remove = fn
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds ``name`` with the finders after it and wraps its loader to call ``patch`` after the module ran."""
+
+    def __init__(self, name: str, patch: Callable[[types.ModuleType], None]) -> None:
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, self.patch)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, patch: Callable[[types.ModuleType], None]) -> None:
+        self._inner, self._patch = inner, patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        module: types.ModuleType | None = self._inner.create_module(spec)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__loader__ = self._inner  # source look-ups (linecache, inspect) go to the real loader
+        self._inner.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

@@ -63,7 +63,8 @@ def replay_capture(cap: Capture, *, intended: str | None = None, step: int | Non
     precision = Precision.parse(name, cap.device)
     rng = RngSnapshot(cap.device, cpu=cap.rng_cpu, accel=cap.rng_device)
     with cap.running_stats_before():
-        session = Session(cap.root, program, precision, user_paths=tuple(user_paths), rng=rng)
+        session = Session(cap.root, program, precision, user_paths=tuple(user_paths), rng=rng,
+                          call_site=cap.location)
     try:
         with framework_autocast_off(cap.entered_inside):
             return diagnose_program(cap.root, program, precision, step=step, bisect=bisect,

@@ -243,7 +243,8 @@ class _Runner:
         replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
                     for d, root in zip(self.diagnoses, self._replayed_roots) for f in d.findings]
         process = self.ctx.ledger.findings() + self.explained + diverged
-        findings = _with_verified_fix(merge_replayed_findings(process, replayed), self.diagnoses)
+        findings = self.ctx.casts.annotate(_with_verified_fix(merge_replayed_findings(process, replayed),
+                                                              self.diagnoses), models)
         return ScriptReport(
             script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
             diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.iteration, replays=self.replays,

@@ -219,7 +219,7 @@ def error_finding(err: OpError, exc: BaseException, *, step: int | None) -> Find
     """DTYPE_MISMATCH / CAST_OVERFLOW for an op that raised; None when it is neither."""
     text = str(exc)
     where = display_module(err.module)
-    evidence = {"input_dtypes": list(err.in_dtypes), "phase": err.phase, "error": text.splitlines()[0][:500]}
+    evidence: dict[str, Any] = {"input_dtypes": list(err.in_dtypes), "phase": err.phase, "error": text.splitlines()[0][:500]}
     if "cannot be converted to type" in text and "overflow" in text:
         return Finding(
             code="CAST_OVERFLOW", severity="error",
@@ -230,11 +230,28 @@ def error_finding(err: OpError, exc: BaseException, *, step: int | None) -> Find
         )
     mixed = len({d for d in err.in_dtypes}) > 1
     if mixed or any(h in text for h in _MISMATCH_HINTS):
-        return Finding(
-            code="DTYPE_MISMATCH", severity="error",
-            message=(f"{err.op} in {where} got mixed dtypes {sorted({dtype_name(d) for d in err.in_dtypes})} and raised: {err.message}"),
-            fix=("Run the op inside mp.autocast() so autocast casts both operands to one dtype, or cast explicitly "
-                 "(x.to(weight.dtype)); a manual .half()/.bfloat16() on one tensor or module is the usual cause."),
-            module=err.module, op=err.op, location=display_location(err.location), step=step, evidence=evidence,
-        )
+        message = f"{err.op} in {where} got mixed dtypes {sorted({dtype_name(d) for d in err.in_dtypes})} and raised: {err.message}"
+        fix = ("Run the op inside mp.autocast() so autocast casts both operands to one dtype, or cast explicitly "
+               "(x.to(weight.dtype)); a manual .half()/.bfloat16() on one tensor or module is the usual cause.")
+        stored = _stored_params_clash(err)
+        if stored is not None:
+            message, fix = f"{message}. {stored[0]}", stored[1]
+            evidence["params"] = {n: dtype_name(d) for n, d in err.params}
+        return Finding(code="DTYPE_MISMATCH", severity="error", message=message, fix=fix, module=err.module, op=err.op,
+                       location=display_location(err.location), step=step, evidence={**evidence, "autocast": err.autocast})
     return None
+
+
+def _stored_params_clash(err: OpError) -> tuple[str, str] | None:
+    """(sentence, fix) when the op ran under autocast and its parameters' stored dtype differs from its
+    other inputs': autocast casts an op's inputs only for the ops it covers, so the stored dtype is the cause."""
+    others = {dtype_name(d) for d in err.in_dtypes} - {dtype_name(d) for _, d in err.params}
+    if not (err.autocast and err.params and others):
+        return None
+    stored = sorted({dtype_name(d) for _, d in err.params})
+    names = ", ".join(n for n, _ in err.params[:3])
+    return (f"It ran under autocast, but the parameters it takes ({names}) are stored in {'/'.join(stored)} while its "
+            f"input is {'/'.join(sorted(others))}: autocast does not cast the parameters of this op, so their stored "
+            "dtype decides",
+            "Keep the parameters in fp32 (drop the .half() / .bfloat16() / .to(dtype) call or the low-precision load "
+            f"that made them {'/'.join(stored)}) and let autocast cast them per op.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,8 +108,12 @@ class Session:
     """Copies of one model and the runs of one step program on them (see the module docstring)."""
 
     def __init__(self, model: nn.Module, program: StepProgram, precision: Precision, *,
-                 user_paths: tuple[str, ...] = (), rng: RngSnapshot | None = None) -> None:
+                 user_paths: tuple[str, ...] = (), rng: RngSnapshot | None = None, call_site: str | None = None) -> None:
         self.model = unwrap_model(model)
+        self.call_site = call_site
+        """The user's line that called the model in the step being replayed (``ampkit doctor SCRIPT``): the
+        place of the ops no user frame runs (a built-in module's), and the frames below a run, the
+        doctor's own callers, are then never an op's place.  None: every user frame counts."""
         self.program = program
         self.precision = fp8_precision(precision, self.model)
         param = next(self.model.parameters(), None)
@@ -184,7 +189,8 @@ class Session:
         tracer: OpTracer | None = None
         fwd: ForwardOut | None = None
         with recorder:
-            tracer = OpTracer(model, recorder, user_frames=self.frames) if trace else None
+            tracer = OpTracer(model, recorder, user_frames=self.frames, call_site=self.call_site,
+                              stop=sys._getframe() if self.call_site is not None else None) if trace else None
             try:
                 with tracer if tracer is not None else contextlib.nullcontext():
                     fwd = self.program.forward(model, fp32=fp32)
@@ -199,6 +205,7 @@ class Session:
             except Exception as exc:  # the caller turns known errors into findings and re-raises the rest
                 result.exception = exc
             if tracer is not None:
+                tracer.stop = None  # the frame of this call: a reference cycle holding the run's tensors otherwise
                 tracer.finalize()
                 result.log = TraceLog.from_tracer(tracer)
         result.root_output = recorder.root_output

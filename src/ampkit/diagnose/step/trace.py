@@ -14,7 +14,9 @@ Attribution:
   each node is mapped, when the forward op that created it returns, to that forward op, so
   backward ops carry the module and the user line of the forward op they differentiate
   (``AccumulateGrad`` nodes map to the module owning the parameter);
-* location: the innermost Python frame that is user code (``ampkit._util.frames.UserFrames``).
+* location: the innermost Python frame that is user code (``ampkit._util.frames.UserFrames``); a
+  replay of a captured step (``stop``) looks only above its own frame, and an op no user frame
+  runs there (a built-in module's) takes ``call_site``, the user's line that called the model.
 
 Cost: a Python call, a pytree flatten, a short stack walk and one reduction per op. It only
 runs on a step being diagnosed, never in the training hot path.
@@ -23,6 +25,7 @@ runs on a step being diagnosed, never in the training hot path.
 from __future__ import annotations
 
 import math
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +101,10 @@ class OpError:
     in_dtypes: tuple[str, ...]
     phase: str
     message: str
+    params: tuple[tuple[str, str], ...] = ()
+    """(name, dtype) of the model's parameters among the op's inputs."""
+    autocast: bool = False
+    """Autocast was on for the inputs' device when the op ran."""
 
 
 def _short(func: Any) -> tuple[str, str]:
@@ -144,10 +151,15 @@ class OpTracer(TorchDispatchMode):
     reduction back in one transfer.
     """
 
-    def __init__(self, model: nn.Module, recorder: ModuleRecorder, *, user_frames: UserFrames) -> None:
+    def __init__(self, model: nn.Module, recorder: ModuleRecorder, *, user_frames: UserFrames,
+                 stop: types.FrameType | None = None, call_site: str | None = None) -> None:
         super().__init__()
         self.recorder = recorder
         self.frames = user_frames
+        self.stop = stop
+        """The frame that runs the traced computation: user frames below it are not an op's place."""
+        self.call_site = call_site
+        """An op's location when no user frame runs it above ``stop`` (a built-in module's op)."""
         self.phase = "forward"
         self.records: list[OpRecord] = []
         self.slots: list[SlotInfo] = []
@@ -235,7 +247,8 @@ class OpTracer(TorchDispatchMode):
         tensors = [a for a in leaves if isinstance(a, torch.Tensor) and a.is_floating_point()]
         scalar_nonfinite = any(isinstance(a, float) and not math.isfinite(a) for a in leaves)
         if self.phase == "forward":
-            module, location, fwd, node_name = self.recorder.current, self.frames.location(2), None, None
+            module, fwd, node_name = self.recorder.current, None, None
+            location = self.frames.location(2, stop=self.stop) or self.call_site
         else:
             fwd, module, location, node_name = self._backward_origin()
         in_slots = tuple(self._input_slot(t, index) for t in tensors)
@@ -243,8 +256,11 @@ class OpTracer(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
+            params = tuple((self.slots[s].name or "", d) for s, d in zip(in_slots, in_dtypes)
+                           if self.slots[s].kind == "parameter")
             self.error = OpError(op=name, module=module, location=location, in_dtypes=in_dtypes,
-                                 phase=self.phase, message=str(exc).strip().splitlines()[0] if str(exc) else "")
+                                 phase=self.phase, message=str(exc).strip().splitlines()[0] if str(exc) else "",
+                                 params=params, autocast=self.recorder.autocast)
             raise
         out_leaves, _ = tree_flatten(out)
         outs = [o for o in out_leaves if isinstance(o, torch.Tensor) and o.is_floating_point()]

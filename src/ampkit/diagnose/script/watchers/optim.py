@@ -21,6 +21,7 @@ from ampkit.precision import LOW_PRECISION_DTYPES
 if TYPE_CHECKING:
     from ampkit.diagnose.script.state import WatchState
     from ampkit.diagnose.script.watchers.autocast import AutocastWatch
+    from ampkit.diagnose.script.watchers.casts import CastWatch
     from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 
 __all__ = ["OptInfo", "OptimWatch"]
@@ -38,9 +39,10 @@ class OptInfo:
 class OptimWatch:
     """Optimizer construction and steps, LR schedulers, gradient clipping."""
 
-    def __init__(self, state: WatchState, *, autocast: AutocastWatch) -> None:
+    def __init__(self, state: WatchState, *, autocast: AutocastWatch, casts: CastWatch) -> None:
         self.state = state
         self.autocast = autocast
+        self.casts = casts
         self.scalers: ScalerWatch
         """Set by the context once built (the scaler watcher consults this one too)."""
         self.optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptInfo] = weakref.WeakKeyDictionary()
@@ -144,19 +146,25 @@ class OptimWatch:
         shown = [names.get(id(p), f"<{tuple(p.shape)}>") for p in low[:5]]
         dtypes = sorted({dtype_name(p.dtype) for p in low})
         total = sum(len(g["params"]) for g in opt.param_groups)
+        site = self.casts.origin(low)
+        cause = f"; {site.clause()}" if site is not None else ""
         self.state.ledger.add(
             "LOW_PRECISION_PARAMS", key=id(opt),
             message=(
                 f"{type(opt).__name__} (created at {info.location}) updates {len(low)} of {total} trainable "
-                f"parameters stored in {'/'.join(dtypes)} ({', '.join(shown)}{', ...' if len(low) > 5 else ''}): "
+                f"parameters stored in {'/'.join(dtypes)} ({', '.join(shown)}{', ...' if len(low) > 5 else ''}){cause}: "
                 f"{LOW_PRECISION_UPDATES_LOST}, and fp16 gradients overflow when unscaled"
             ),
             fix=(
-                "keep the parameters in fp32 (remove model.half() / .to(torch.float16/bfloat16)) and run the "
-                "forward under torch.autocast, which casts weights to the low precision per op"
+                site.fix() if site is not None else
+                "keep the parameters in fp32 (remove model.half() / .to(torch.float16/bfloat16), or load with "
+                "from_pretrained(..., dtype=torch.float32)) and run the forward under torch.autocast, which casts "
+                "weights to the low precision per op"
             ),
-            location=info.location, step=self.state.iteration,
-            evidence={"low_precision_params": len(low), "params": total, "dtypes": dtypes, "examples": shown},
+            location=site.location if site is not None and site.location else info.location,
+            step=self.state.iteration,
+            evidence={"low_precision_params": len(low), "params": total, "dtypes": dtypes, "examples": shown,
+                      **({"made_low_precision": site.evidence()} if site is not None else {})},
         )
 
     # -- schedulers -------------------------------------------------------------------------------
@@ -197,3 +205,4 @@ class OptimWatch:
             self.scalers.on_clip(params, getattr(orig, "__name__", "clip_grad_norm_"))
             return orig(params, *args, **kwargs)
         return clip
+
