@@ -33,6 +33,12 @@ from typing import Any
 import torch
 
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.checkup import (
+    checkup_failed,
+    checkup_ran,
+    checkup_skipped,
+    checkup_skipped_reason,
+)
 from ampkit.diagnose.script.compiled import compare_last_step
 from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
@@ -77,6 +83,8 @@ class _Runner:
         self._causes: dict[str, int] = {}
         self._replayed_roots: list[torch.nn.Module] = []
         self._settled: set[str] = set()
+        self.checkup_record: dict[str, Any] = {}
+        """``ScriptReport.checkup``: whether the end-of-run fp32 checkup ran, on which step, else why not."""
 
     # -- replays -------------------------------------------------------------------------------
     def _replay(self, cap: Capture, why: str, step: int | None) -> DiagnosisResult | None:
@@ -90,6 +98,8 @@ class _Runner:
                 self.replays.append({"why": why, "step": step, "error": f"{type(exc).__name__}: {exc}"})
                 print(f"ampkit doctor: could not replay step {step} ({why}): {type(exc).__name__}: {exc}",
                       file=sys.stderr)
+                if why == "checkup":
+                    self.checkup_record = checkup_failed(step, f"{type(exc).__name__}: {exc}")
                 return None
         if result is None:
             return None
@@ -235,9 +245,7 @@ class _Runner:
             self._explain(crash)
         flags = requested_flags(self._globals)
         finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed, flags=flags)
-        if (self.checkup and ended not in SIGNAL_EXIT_STATUS and not any(d.has_errors for d in self.diagnoses)
-                and self.ctx.models.last is not None):
-            self._replay(self.ctx.models.last, "checkup", self.ctx.models.last.step)
+        self._checkup(ended)
         comparison, diverged = compare_last_step(self.ctx, self.compare_compiled and ended not in SIGNAL_EXIT_STATUS)
         models = self.ctx.models
         replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
@@ -252,7 +260,26 @@ class _Runner:
             mixed_precision=mixed_precision_record(self.ctx, flags, self.intended),
             compiled=[c.to_dict() for c in self.ctx.compiles.calls],
             compiled_comparison=comparison.to_dict() if comparison is not None else None,
+            checkup=self.checkup_record,
         )
+
+    def _checkup(self, ended: str | None) -> None:
+        """Replay the last captured forward against fp32 when no replay found an error, and record
+        whether that happened (``ScriptReport.checkup``): a checkup that could not run must say so."""
+        last = self.ctx.models.last
+        reason = checkup_skipped_reason(
+            enabled=self.checkup and self.replay, signal=ended if ended in SIGNAL_EXIT_STATUS else None,
+            errors=any(d.has_errors for d in self.diagnoses), observed=last is not None)
+        if reason is not None or last is None:
+            self.checkup_record = checkup_skipped(reason or "", last.step if last is not None else None)
+            return
+        result = self._replay(last, "checkup", last.step)
+        if result is not None:
+            self.checkup_record = checkup_ran(result)
+        elif not self.checkup_record:  # not a failure: the step ran in fp32
+            self.checkup_record = checkup_skipped(
+                "the last captured step ran in fp32, so there is no low-precision step to compare; pass "
+                "--precision bf16 or fp16 to check what that precision would do", last.step)
 
     def _scaler_summary(self) -> list[dict[str, Any]]:
         out = []
