@@ -86,14 +86,15 @@ def is_script(target: str, as_module: bool) -> bool:
     return False
 
 
-def _write_outputs(args: argparse.Namespace, document: dict[str, Any], result: Any, partial: str | None) -> None:
+def _write_outputs(args: argparse.Namespace, document: dict[str, Any], result: Any, partial: str | None,
+                   checkup: dict[str, Any] | None = None) -> None:
     """Write --json and --html; a file that cannot be written goes to the temp directory instead."""
     from ampkit.diagnose import write_html, write_json
 
     if args.json:
         _write_one("json", args.json, lambda path: write_json(path, document))
     if args.html:
-        _write_one("html", args.html, lambda path: write_html(path, result, partial=partial))
+        _write_one("html", args.html, lambda path: write_html(path, result, partial=partial, checkup=checkup))
 
 
 def _write_one(flag: str, path: Path, write: Callable[[Path], object]) -> None:
@@ -162,17 +163,19 @@ def _run_script(args: argparse.Namespace) -> int:
 def _report_script(args: argparse.Namespace, report: Any) -> int:
     """Print and write what the run found (also after Ctrl-C, SIGTERM, a crash or os._exit); the exit status."""
     from ampkit.diagnose.report.terminal import render_compiled, render_terminal
+    from ampkit.diagnose.script.checkup import checkup_note
 
     how = f"ended by {_ENDED_WORDS[report.ended]}; findings so far" if report.partial else "findings"
     print(f"\nampkit doctor: {report.script} ran {report.steps} optimizer step(s), exit status "
           f"{report.exit_status}; {len(report.findings)} finding(s) ({how})", file=sys.stdout)
     render_compiled(report.compiled, report.compiled_comparison, file=sys.stdout)
-    render_terminal(report.findings, file=sys.stdout, note=report.mixed_precision.get("summary"))
+    notes = [n for n in (report.mixed_precision.get("summary"), checkup_note(report.checkup)) if n]
+    render_terminal(report.findings, file=sys.stdout, note="; ".join(notes) or None)
     if report.steps == 0 and report.tasks and not args.as_module:
         print(f"ampkit doctor: {args.target} ran as a script and trained nothing, but it defines the task "
               f"{report.tasks[0]!r}. To diagnose the task, run: ampkit doctor {args.target}:{report.tasks[0]}",
               file=sys.stderr)
-    _write_outputs(args, report.to_json(), report.result(), report.ended)
+    _write_outputs(args, report.to_json(), report.result(), report.ended, report.checkup)
     return int(report.doctor_exit_status())
 
 

@@ -74,7 +74,8 @@ def diagnose_task(task: Any, precision: str | Precision = "auto", *, steps: int 
             return task.loss(m, first)  # type: ignore[no-any-return]
 
     scale = float(mp.scale.item()) if mp.scaler.enabled else None  # one host read, before training
-    result = diagnose_step(model, run, precision=prec, loss_scale=scale, step=0, shadow=shadow, bisect=bisect)
+    # the first batch is the one step 1 trains on (steps are counted from 1, as the live doctor counts them)
+    result = diagnose_step(model, run, precision=prec, loss_scale=scale, step=1, shadow=shadow, bisect=bisect)
     batch = first
     for i in range(steps):
         if i > 0:

@@ -98,7 +98,7 @@ def _raised(fn: Callable[[], None]) -> BaseException:
 def test_explain_exception_files_each_scaler_assertion_as_order_error_with_line_and_corrected_order(
         fn: Callable[[], None], needle: str) -> None:
     exc = _raised(fn)
-    finding = explain_exception(exc, UserFrames([Path(__file__).parent]), {}, step=7)
+    finding = explain_exception(exc, UserFrames([Path(__file__).parent]), {}, step=8)  # the 8th, after 7
     assert finding is not None and finding.code == "UNSCALE_ORDER_ERROR", str(exc)
     assert finding.evidence["assertion"] == needle
     rule = explain_order(str(exc))

@@ -338,7 +338,7 @@ def test_doctor_script_replays_a_forward_whose_masked_outputs_went_nan(tmp_path:
     report = run_script(script, measure_speed=False)
     codes = {f.code: f for f in report.findings}
     assert "BACKWARD_OVERFLOW" not in codes  # not "between the model and the loss": the forward made the NaN
-    assert codes["FORWARD_NAN"].step == 0 and codes["FORWARD_NAN"].evidence["cause"] == "masked_row"
+    assert codes["FORWARD_NAN"].step == 1 and codes["FORWARD_NAN"].evidence["cause"] == "masked_row"
 
 
 def test_doctor_script_scale_collapse_from_a_derivative_singularity_names_it(tmp_path: Path) -> None:

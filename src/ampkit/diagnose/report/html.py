@@ -147,10 +147,25 @@ def _fmt_db(v: Any) -> str:
     return "exact" if math.isinf(v) else f"{v:.1f} dB"
 
 
+def _checkup_html(checkup: dict[str, Any] | None) -> str:
+    """The fp32 checkup's line: a warning when it was attempted but not compared with fp32."""
+    if not checkup:
+        return ""
+    step = f"step {_esc(checkup.get('step'))}"
+    if checkup.get("ran"):
+        return (f'<div class="meta">fp32 checkup: {step} replayed in {_esc(checkup.get("precision"))} '
+                "and compared with an fp32 copy.</div>")
+    if checkup.get("status") in ("failed", "no_fp32"):
+        return (f'<div class="finding warning"><b>fp32 checkup did not run:</b> the replay of {step} could not be '
+                f"compared with fp32 ({_esc(checkup.get('reason'))}); this run was not checked against fp32.</div>")
+    return f'<div class="meta">fp32 checkup not run: {_esc(checkup.get("reason"))}.</div>'
+
+
 def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[str, Any] | None = None, *,
-                partial: str | None = None) -> str:
+                partial: str | None = None, checkup: dict[str, Any] | None = None) -> str:
     """The report page as a string (see ``write_html``); ``partial``: how an unfinished run ended
-    (``sigint``, ``sigterm``, ``exception``, ``os_exit``), shown above the findings."""
+    (``sigint``, ``sigterm``, ``exception``, ``os_exit``), shown above the findings; ``checkup``: the
+    doctor JSON's ``checkup`` record (``script.checkup``), shown above them too."""
     if not isinstance(result, DiagnosisResult):
         result = DiagnosisResult(findings=sort_findings(list(result)))
     env = environment or result.environment or {}
@@ -163,6 +178,7 @@ def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[s
     if partial is not None:
         head.append(f'<div class="finding warning"><b>Partial report:</b> the script ended by {_esc(partial)} '
                     'before its normal end; these are the findings made until then.</div>')
+    head.append(_checkup_html(checkup))
     if result.keep_fp32:
         head.append(f'<h2>Verified fix</h2><div class="ok"><code>MixedPrecision(..., keep_fp32='
                     f"{_esc(repr(result.keep_fp32))})</code>{_verification_html(result)}</div>")
@@ -185,6 +201,7 @@ def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[s
 
 
 def write_html(path: str | os.PathLike[str], result: DiagnosisResult | Sequence[Finding],
-               environment: dict[str, Any] | None = None, *, partial: str | None = None) -> None:
-    """Write the self-contained HTML report atomically (``partial``: see ``render_html``)."""
-    atomic_write_bytes(path, render_html(result, environment, partial=partial).encode())
+               environment: dict[str, Any] | None = None, *, partial: str | None = None,
+               checkup: dict[str, Any] | None = None) -> None:
+    """Write the self-contained HTML report atomically (``partial``, ``checkup``: see ``render_html``)."""
+    atomic_write_bytes(path, render_html(result, environment, partial=partial, checkup=checkup).encode())

@@ -14,6 +14,7 @@ checked, and deferred device reads are flushed.  The other iterations pay only f
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -48,7 +49,8 @@ class Failure:
 
     kind: str
     """``skip`` (the GradScaler skipped the step) or ``nonfinite_loss``."""
-    iteration: int
+    step: int
+    """The optimizer step that failed, counted from 1 (``WatchState.step``)."""
     cause: str
     """``nonfinite_data``, ``nonfinite_loss``, ``scaled_loss_overflow`` or ``gradient_overflow``."""
     captures: list[Capture]
@@ -70,6 +72,7 @@ class Context:
     def __init__(self, code: UserFrames, *, on_failure: Callable[[Failure], None] | None = None,
                  sampler: Sampler | None = None) -> None:
         self.on_failure = on_failure
+        self._lock = threading.Lock()
         models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller, user_frame=code.caller_frame)
         self.state = WatchState(frames=code, models=models, signals=self, sampler=sampler or Sampler())
         self.autocast = AutocastWatch(self.state)
@@ -91,9 +94,9 @@ class Context:
         self.boundary_overflows: list[int] = []
         """Skipped steps whose gradient was already non-finite where it reached the model outputs."""
         self.nonfinite_grad_steps: list[int] = []
-        """Iterations whose gradients were non-finite at an optimizer step no scaler guarded."""
+        """Steps whose gradients were non-finite at an optimizer step no scaler guarded."""
         self.norm_bad: dict[str, tuple[int, int, bool]] = {}
-        """module name -> (first iteration seen, non-finite count, seen right after a skipped step)."""
+        """module name -> (first step seen, non-finite count, seen right after a skipped step)."""
 
     # The shared state, under the names the rules and the runner read.
     code = property(lambda self: self.state.frames)
@@ -107,6 +110,15 @@ class Context:
     @property
     def iteration(self) -> int:
         return self.state.iteration
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps of all threads (``WatchState.steps``)."""
+        return self.state.steps
 
     @property
     def paused(self) -> bool:
@@ -138,6 +150,11 @@ class Context:
 
     # -- events -----------------------------------------------------------------------------
     def _on_root_forward(self, cap: Capture) -> None:
+        with self._lock:  # forwards of several threads: the counters must not lose an increment
+            self._count_forward(cap)
+        self.autocast.on_root_forward(cap)
+
+    def _count_forward(self, cap: Capture) -> None:
         f = self.forwards
         f.total += 1
         f.devices.add(cap.device.type)
@@ -148,12 +165,11 @@ class Context:
         for other in cap.other_autocast:
             key = (other, cap.device.type)
             f.wrong_device[key] = f.wrong_device.get(key, 0) + 1
-        self.autocast.on_root_forward(cap)
 
     def end_iteration(self) -> None:
         """The primary optimizer stepped (or was skipped): a new iteration begins."""
-        self.state.iteration += 1
-        self.models.step = self.iteration
+        self.state.count_step()
+        self.models.step = self.step
         self.models.new_window()
         dense = self.sampler.dense(self.iteration)
         self.models.set_discovery(dense)
@@ -167,13 +183,13 @@ class Context:
             return
         self.loss_nonfinite.add(it)
         scaled = any(c.scale is not None for c in self.models.captures)
-        if not scaled and it == self.iteration:
+        if not scaled and it == self.step:
             cause = "nonfinite_data" if self._inputs_nonfinite(self.models.captures, it) else "nonfinite_loss"
             self._fail(Failure("nonfinite_loss", it, cause, list(self.models.captures)))
 
     def on_grads(self, it: int, nonfinite: bool) -> None:
         """Non-finite gradients at an unguarded optimizer step (the weights are about to be corrupted)."""
-        if not nonfinite or it != self.iteration:
+        if not nonfinite or it != self.step:
             return
         self.nonfinite_grad_steps.append(it)
         cause = "nonfinite_data" if self._inputs_nonfinite(self.models.captures, it) else "gradient_overflow"
@@ -190,7 +206,7 @@ class Context:
                 return
             if not primary and it in self.skips:
                 return
-            live = it == self.iteration
+            live = it == self.step
             cause = self._classify(caps if live else [], it)
             self.skips[it] = cause
             if live:
@@ -244,7 +260,7 @@ class Context:
 
     def check_norm_stats(self, after_skip: bool = False) -> None:
         names = self.models.named_modules()
-        it = self.iteration
+        it = self.step
         for mod, bad in self.models.norm_stats():
             name = names.get(id(mod), type(mod).__name__)
 
@@ -254,7 +270,7 @@ class Context:
             self.pending.read(bad, judge)
 
     def _fail(self, failure: Failure) -> None:
-        self.sampler.boost(failure.iteration)
+        self.sampler.boost(failure.step - 1)  # the Sampler counts from 0
         if self.on_failure is not None:
             self.on_failure(failure)
 

@@ -69,7 +69,9 @@ def explain_exception(exc: BaseException, code: UserFrames, names: dict[int, str
                       step: int | None = None, models: ModelWatch | None = None) -> Finding | None:
     """A finding for ``exc`` when it is one of the errors mixed precision causes, else None.
 
-    ``models`` (the script's model watcher) tells which forward raised: training, eval or no-grad.
+    ``step``: the optimizer step in progress when it raised, counted from 1 (the message says "after
+    ``step - 1`` optimizer steps").  ``models`` (the script's model watcher) tells which forward raised:
+    training, eval or no-grad.
     """
     text = str(exc)
     tb = exc.__traceback__
@@ -79,7 +81,7 @@ def explain_exception(exc: BaseException, code: UserFrames, names: dict[int, str
             code_name, message, fix, *extra = made
             return exception_finding(exc, code_name, message, fix, location=code.traceback_location(tb),
                                      module=_module_of(tb, names), step=step,
-                                     where=where_raised(tb, code, models, step), evidence=extra[0] if extra else None)
+                                     where=where_raised(tb, code, models, None if step is None else step - 1), evidence=extra[0] if extra else None)
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ class Ledger:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, Any], _Entry] = {}
+        self._lock = threading.Lock()
+        """Findings arrive from every thread that trains: a lookup and its insert or count are one step."""
 
     def add(self, code: str, *, message: str, fix: str, key: Any = None, severity: Severity | None = None,
             module: str | None = None, op: str | None = None, location: str | None = None,
@@ -45,6 +48,12 @@ class Ledger:
         """Record a finding; returns True when it is the first of its ``(code, key)``."""
         if code not in CODES:
             raise ValueError(f"unknown finding code {code!r}")
+        with self._lock:
+            return self._add(code, message=message, fix=fix, key=key, severity=severity, module=module, op=op,
+                             location=location, step=step, evidence=evidence)
+
+    def _add(self, code: str, *, message: str, fix: str, key: Any, severity: Severity | None, module: str | None,
+             op: str | None, location: str | None, step: int | None, evidence: dict[str, Any] | None) -> bool:
         entry = self._entries.get((code, key))
         if entry is not None:
             entry.count += 1
@@ -63,11 +72,14 @@ class Ledger:
     def has(self, code: str, *, acting: bool = False) -> bool:
         """Whether ``code`` was recorded; with ``acting``, only as an error or a warning (not a borderline
         or other info row)."""
-        return any(c == code and not (acting and e.severity == "info") for (c, _), e in self._entries.items())
+        with self._lock:
+            return any(c == code and not (acting and e.severity == "info") for (c, _), e in self._entries.items())
 
     def findings(self) -> list[Finding]:
         out = []
-        for e in self._entries.values():
+        with self._lock:
+            entries = list(self._entries.values())
+        for e in entries:
             evidence = dict(e.evidence)
             evidence["occurrences"] = e.count
             if len(e.steps) > 1:

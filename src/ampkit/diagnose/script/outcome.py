@@ -45,6 +45,8 @@ class ScriptReport:
     """The script's ``torch.compile`` calls (``watchers.compile.CompileCall``); the run was eager."""
     compiled_comparison: dict[str, Any] | None = None
     """``--compare-compiled``: the module-by-module comparison (``step.compiled.CompiledComparison``)."""
+    checkup: dict[str, Any] = field(default_factory=dict)
+    """Whether the end-of-run fp32 checkup ran, on which step, else why not (``script.checkup``)."""
 
     @property
     def has_errors(self) -> bool:
@@ -90,6 +92,8 @@ class ScriptReport:
             doc["compiled_comparison"] = self.compiled_comparison
         if self.ended is not None:
             doc["ended"] = self.ended
+        if self.checkup:
+            doc["checkup"] = self.checkup
         return doc
 
 

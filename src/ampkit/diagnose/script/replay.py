@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
@@ -51,15 +52,27 @@ def replay_precision(cap: Capture, intended: str | None) -> tuple[str, torch.dty
 
 def replay_capture(cap: Capture, *, intended: str | None = None, step: int | None = None,
                    user_paths: Sequence[str] = (), bisect: bool = True) -> DiagnosisResult | None:
-    """Diagnose the captured forward (+ its backward) op by op; None when it ran in fp32."""
+    """Diagnose the captured forward (+ its backward) op by op; None when it ran in fp32.
+
+    The replay runs with inference mode off, on normal copies of the tensors a forward under
+    ``torch.inference_mode`` captured (an eval pass after training, Lightning's ``trainer.test()``):
+    autograd refuses to save inference tensors for backward, and the fp32 shadow needs them.  The
+    copies cost one clone of that batch, on the replay path only.
+    """
     how = replay_precision(cap, intended)
     if how is None:
         return None
     name, dtype, autocast_on = how
+    with torch.inference_mode(False):
+        return _replay(cap, name, dtype, autocast_on, step=step, user_paths=user_paths, bisect=bisect)
+
+
+def _replay(cap: Capture, name: str, dtype: torch.dtype, autocast_on: bool, *, step: int | None,
+            user_paths: Sequence[str], bisect: bool) -> DiagnosisResult:
     scale = float(cap.scale) if cap.scale is not None else 1.0
-    grads = [usable_seed(g32 if g32 is not None else g, scale) for g, g32 in zip(cap.grads, cap.grads_fp32)]
-    program = OutputGradProgram(cap.args, cap.kwargs, grads, loss_scale=scale,
-                                autocast=(cap.device.type, dtype, autocast_on))
+    grads = [usable_seed(_normal(g32 if g32 is not None else g), scale) for g, g32 in zip(cap.grads, cap.grads_fp32)]
+    program = OutputGradProgram(tree_map(_normal, cap.args), tree_map(_normal, cap.kwargs), grads,
+                                loss_scale=scale, autocast=(cap.device.type, dtype, autocast_on))
     precision = Precision.parse(name, cap.device)
     rng = RngSnapshot(cap.device, cpu=cap.rng_cpu, accel=cap.rng_device)
     with cap.running_stats_before():
@@ -71,6 +84,11 @@ def replay_capture(cap: Capture, *, intended: str | None = None, step: int | Non
                                     user_paths=user_paths, session=session)
     finally:
         session.close()
+
+
+def _normal(x: Any) -> Any:
+    """A normal tensor for an inference tensor (autograd cannot save those); anything else as it is."""
+    return x.clone() if isinstance(x, torch.Tensor) and x.is_inference() else x
 
 
 @contextlib.contextmanager

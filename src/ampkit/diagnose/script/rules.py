@@ -51,7 +51,7 @@ def _collapsed(info: ScalerInfo, skips: dict[int, str], iterations: int) -> tupl
     if scales and min(scales) < 1.0:
         return "reported", f"the scale fell to {min(scales):g} (below 1: even unscaled gradients are non-finite)", None
     if iterations >= 16:
-        half = range(iterations // 2, iterations)
+        half = range(iterations // 2 + 1, iterations + 1)  # skips are keyed by step, counted from 1
         late = sum(1 for it in half if it in skips)
         share = late / len(half)
         outcome = THRESHOLDS["SCALE_COLLAPSE"].judge(share) if late >= 8 else "clear"
@@ -65,7 +65,7 @@ def _scale_collapse(ctx: Context) -> None:
         return
     rule = THRESHOLDS["SCALE_COLLAPSE"]
     for info in ctx.scalers.enabled_infos():
-        outcome, why, share = _collapsed(info, ctx.skips, ctx.iteration)
+        outcome, why, share = _collapsed(info, ctx.skips, ctx.steps)
         if outcome == "clear":
             continue
         causes: dict[str, int] = {}
@@ -74,11 +74,11 @@ def _scale_collapse(ctx: Context) -> None:
             causes[cause] = causes.get(cause, 0) + 1
         cause = max(causes, key=lambda c: causes[c])
         message, fix = scale_collapse(
-            cause, f"the {info.label} (created at {info.location}) skipped {len(ctx.skips)} of {ctx.iteration} "
+            cause, f"the {info.label} (created at {info.location}) skipped {len(ctx.skips)} of {ctx.steps} "
             f"steps: {why}", f" ({causes[cause]} of the skipped steps)")
         scales = [s for _, s in info.scales]
         evidence = {
-            "cause": cause, "causes": causes, "skipped_steps": len(ctx.skips), "steps": ctx.iteration,
+            "cause": cause, "causes": causes, "skipped_steps": len(ctx.skips), "steps": ctx.steps,
             "init_scale": info.init_scale, "min_scale": min(scales) if scales else None,
             "final_scale": scales[-1] if scales else None, "first_skips": sorted(ctx.skips)[:16],
         }
@@ -115,7 +115,7 @@ def _boundary_overflow(ctx: Context) -> None:
 
 def _scheduler_on_skip(ctx: Context) -> None:
     hits = ctx.optim.sched_on_skip
-    if not hits or ctx.optim.scheduler_steps < 0.5 * max(1, ctx.iteration):
+    if not hits or ctx.optim.scheduler_steps < 0.5 * max(1, ctx.steps):
         return  # an epoch-level scheduler after a skipped last step is not worth a warning
     location = ctx.locations.get("scheduler_step")
     message, fix = scheduler_stepped_on_skip(len(hits), hits[0])

@@ -23,6 +23,7 @@ import dataclasses
 import os
 import runpy
 import sys
+import threading
 import traceback
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +34,12 @@ from typing import Any
 import torch
 
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.checkup import (
+    checkup_failed,
+    checkup_ran,
+    checkup_skipped,
+    checkup_skipped_reason,
+)
 from ampkit.diagnose.script.compiled import compare_last_step
 from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
@@ -77,12 +84,17 @@ class _Runner:
         self._causes: dict[str, int] = {}
         self._replayed_roots: list[torch.nn.Module] = []
         self._settled: set[str] = set()
+        self._replay_lock = threading.RLock()
+        self.checkup_record: dict[str, Any] = {}
+        """``ScriptReport.checkup``: whether the end-of-run fp32 checkup ran, on which step, else why not."""
 
     # -- replays -------------------------------------------------------------------------------
     def _replay(self, cap: Capture, why: str, step: int | None) -> DiagnosisResult | None:
         if not self.replay or (len(self.diagnoses) >= self.max_replays and why != "checkup"):
             return None
-        with self.ctx.pause():
+        # One replay at a time: replays of failures in two training threads would restore the RNG
+        # and patch autocast under each other.
+        with self._replay_lock, self.ctx.pause():
             try:
                 result = replay_capture(cap, intended=self.intended, step=step, user_paths=self.user_paths,
                                         bisect=self.bisect)
@@ -90,14 +102,16 @@ class _Runner:
                 self.replays.append({"why": why, "step": step, "error": f"{type(exc).__name__}: {exc}"})
                 print(f"ampkit doctor: could not replay step {step} ({why}): {type(exc).__name__}: {exc}",
                       file=sys.stderr)
+                if why == "checkup":
+                    self.checkup_record = checkup_failed(step, f"{type(exc).__name__}: {exc}")
                 return None
-        if result is None:
-            return None
-        self.diagnoses.append(result)
-        self._replayed_roots.append(cap.root)
-        self.replays.append({"why": why, "step": step, "precision": result.precision,
-                             "findings": [f.code for f in result.findings], "keep_fp32": result.keep_fp32})
-        return result
+            if result is None:
+                return None
+            self.diagnoses.append(result)  # under the lock: diagnoses and their roots stay paired
+            self._replayed_roots.append(cap.root)
+            self.replays.append({"why": why, "step": step, "precision": result.precision,
+                                 "findings": [f.code for f in result.findings], "keep_fp32": result.keep_fp32})
+            return result
 
     def _on_failure(self, failure: Failure) -> None:
         """Replay the first failure of each cause.  Gradient overflows are replayed at their 1st, 4th
@@ -111,14 +125,14 @@ class _Runner:
         cap = self._pick(caps, failure)
         if cap is None:
             return
-        result = self._replay(cap, f"{failure.kind}:{failure.cause}", failure.iteration)
+        result = self._replay(cap, f"{failure.kind}:{failure.cause}", failure.step)
         if result is not None and failure.cause in ("gradient_overflow", "nonfinite_loss"):
             codes = {f.code for f in result.findings if f.severity == "error"}
             if codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW"}:
-                self.ctx.reclassify(failure.iteration, "nonfinite_loss" if failure.cause == "nonfinite_loss"
+                self.ctx.reclassify(failure.step, "nonfinite_loss" if failure.cause == "nonfinite_loss"
                                     else "nonfinite_forward")
             elif any(f.code == "BACKWARD_OVERFLOW" and "singularity" in f.evidence for f in result.findings):
-                self.ctx.reclassify(failure.iteration, "gradient_singularity")
+                self.ctx.reclassify(failure.step, "gradient_singularity")
         if failure.cause != "gradient_overflow" or (result is not None and result.has_errors):
             self._settled.add(failure.cause)
 
@@ -158,17 +172,17 @@ class _Runner:
         nan = loss is not None and bool(torch.isnan(loss).any())
         self.ctx.ledger.add(
             "FORWARD_NAN" if nan else "FORWARD_OVERFLOW", key=("loss-code", label),
-            message=(f"the loss became {'NaN' if nan else 'inf'} at step {failure.iteration} although the outputs of "
+            message=(f"the loss became {'NaN' if nan else 'inf'} at step {failure.step} although the outputs of "
                      f"{label} were finite: the op that produced it runs between the model and the loss (the loss "
                      "function or a post-processing step), in low precision"),
             fix="compute the loss from fp32 values: `loss_fn(output.float(), target)`, and guard log/div/exp "
                 "against zero and huge inputs",
-            location=cap.location, step=failure.iteration,
+            location=cap.location, step=failure.step,
         )
 
     def _boundary_overflow(self, cap: Capture, failure: Failure) -> None:
         label = self.ctx.models.label(cap.root)
-        self.ctx.boundary_overflows.append(failure.iteration)
+        self.ctx.boundary_overflows.append(failure.step)
         self.ctx.note_location("boundary_overflow", cap.location)
         self.ctx.note_location("boundary_model", label)
 
@@ -229,15 +243,13 @@ class _Runner:
         """The report of what was observed so far; after a signal, without the checkup replay
         (seconds of work the user just asked to stop)."""
         if ended in SIGNAL_EXIT_STATUS:
-            print(f"ampkit doctor: {ended.upper()} at step {self.ctx.iteration}; reporting the findings so far",
+            print(f"ampkit doctor: {ended.upper()} at step {self.ctx.step}; reporting the findings so far",
                   file=sys.stderr)
         if crash is not None:
             self._explain(crash)
         flags = requested_flags(self._globals)
         finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed, flags=flags)
-        if (self.checkup and ended not in SIGNAL_EXIT_STATUS and not any(d.has_errors for d in self.diagnoses)
-                and self.ctx.models.last is not None):
-            self._replay(self.ctx.models.last, "checkup", self.ctx.models.last.step)
+        self._checkup(ended)
         comparison, diverged = compare_last_step(self.ctx, self.compare_compiled and ended not in SIGNAL_EXIT_STATUS)
         models = self.ctx.models
         replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
@@ -247,13 +259,32 @@ class _Runner:
                                                               self.diagnoses), models)
         return ScriptReport(
             script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
-            diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.iteration, replays=self.replays,
+            diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.steps, replays=self.replays,
             device=str(self.ctx.models.last.device) if self.ctx.models.last is not None else None,
             scalers=self._scaler_summary(), ended=ended, tasks=defined_tasks(self._globals),
             mixed_precision=mixed_precision_record(self.ctx, flags, self.intended),
             compiled=[c.to_dict() for c in self.ctx.compiles.calls],
             compiled_comparison=comparison.to_dict() if comparison is not None else None,
+            checkup=self.checkup_record,
         )
+
+    def _checkup(self, ended: str | None) -> None:
+        """Replay the last captured forward against fp32 when no replay found an error, and record
+        whether that happened (``ScriptReport.checkup``): a checkup that could not run must say so."""
+        last = self.ctx.models.last
+        reason = checkup_skipped_reason(
+            enabled=self.checkup and self.replay, signal=ended if ended in SIGNAL_EXIT_STATUS else None,
+            errors=any(d.has_errors for d in self.diagnoses), observed=last is not None)
+        if reason is not None or last is None:
+            self.checkup_record = checkup_skipped(reason or "", last.step if last is not None else None)
+            return
+        result = self._replay(last, "checkup", last.step)
+        if result is not None:
+            self.checkup_record = checkup_ran(result)
+        elif not self.checkup_record:  # not a failure: the step ran in fp32
+            self.checkup_record = checkup_skipped(
+                "the last captured step ran in fp32, so there is no low-precision step to compare; pass "
+                "--precision bf16 or fp16 to check what that precision would do", last.step)
 
     def _scaler_summary(self) -> list[dict[str, Any]]:
         out = []
@@ -268,7 +299,7 @@ class _Runner:
         names = self.ctx.models.named_modules()
         explained = bool(getattr(exc, "_ampkit_explained", False))
         if not explained:
-            finding = explain_exception(exc, self.code, names, step=self.ctx.iteration, models=self.ctx.models)
+            finding = explain_exception(exc, self.code, names, step=self.ctx.step, models=self.ctx.models)
             if finding is not None:
                 self.explained.append(finding)
                 explained = True
@@ -277,7 +308,7 @@ class _Runner:
                   " (explained below)", file=sys.stderr)
             last = self.ctx.models.last
             if last is not None and _raised_inside(exc.__traceback__, last.root):
-                self._replay(last, "exception", self.ctx.iteration)
+                self._replay(last, "exception", self.ctx.step)
         else:
             _print_user_traceback(exc, self.code)
 

@@ -7,6 +7,7 @@ captures) and reports step events back through ``StepSignals``, which ``Context`
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -14,6 +15,7 @@ import torch
 
 from ampkit._util.frames import UserFrames
 from ampkit._util.host import DeferredReads
+from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.ledger import Ledger
 from ampkit.diagnose.script.watchers.model import ModelWatch
 
@@ -64,7 +66,12 @@ class StepSignals(Protocol):
 
 @dataclass
 class WatchState:
-    """The state every watcher shares."""
+    """The state every watcher shares.
+
+    A script may train in several threads (each with its own model and optimizer): the step
+    counter is per thread (``iteration``, ``step``), ``steps`` counts the optimizer steps of all
+    threads, and the ledger takes findings from any thread.
+    """
 
     frames: UserFrames
     """Tells the script's code from library code; ``caller()`` is the user's ``file:line``."""
@@ -74,12 +81,30 @@ class WatchState:
     ledger: Ledger = field(default_factory=Ledger)
     pending: DeferredReads = field(default_factory=DeferredReads)
     sampler: Sampler = field(default_factory=Sampler)
-    iteration: int = 0
-    """Optimizer steps of the primary optimizer so far (skipped ones included)."""
+    iteration = PerThread(int)
+    """This thread's optimizer steps of its primary optimizer so far (skipped ones included): a count,
+    0-based where it indexes (the ``Sampler``); findings, messages and the sets below use ``step``."""
+    steps: int = 0
+    """Optimizer steps of the primary optimizers of all threads so far (``count_step``)."""
     loss_nonfinite: set[int] = field(default_factory=set)
-    """Iterations whose loss was non-finite."""
+    """Steps whose loss was non-finite."""
     locations: dict[str, str | None] = field(default_factory=dict)
     """The first user line of a kind of event (``scheduler_step``, ``boundary_overflow`` ...)."""
+
+    def __post_init__(self) -> None:
+        self._count_lock = threading.Lock()
+
+    def count_step(self) -> None:
+        """This thread's primary optimizer stepped (or was skipped)."""
+        self.iteration += 1
+        with self._count_lock:  # += on a shared attribute is not atomic across threads
+            self.steps += 1
+
+    @property
+    def step(self) -> int:
+        """The optimizer step in progress, counted from 1: step N is the N-th optimizer step, the number
+        telemetry's records and the engine's ``StepResult.optimizer_step`` give it too."""
+        return self.iteration + 1
 
     @property
     def paused(self) -> bool:

@@ -52,7 +52,7 @@ def test_engine_watch_attaches_one_doctor_hook_first_and_removes_the_patch() -> 
 def test_engine_watch_skipped_steps_count_as_iterations_and_collapse_the_scale() -> None:
     ctx = observe(lambda: _train(20, overflow=True))
     assert ctx.iteration == 20  # a skipped non-fused step never calls optimizer.step()
-    assert sorted(ctx.skips) == list(range(20))
+    assert sorted(ctx.skips) == list(range(1, 21))  # steps, counted from 1
     collapse = [f for f in ctx.ledger.findings() if f.code == "SCALE_COLLAPSE"]
     assert len(collapse) == 1 and "ampkit.MixedPrecision" in collapse[0].message
     assert collapse[0].evidence["init_scale"] == 65536.0 and collapse[0].evidence["min_scale"] < 1.0

@@ -65,7 +65,7 @@ def test_scaler_watch_update_on_a_micro_batch_is_an_order_error_with_the_accumul
 
     [finding] = _order_findings(loop)
     assert finding.evidence["variant"] == "accumulation" and finding.evidence["call"] == "scaler.update()"
-    assert "if (i + 1) % accum_steps == 0:" in finding.fix and finding.step == 0
+    assert "if (i + 1) % accum_steps == 0:" in finding.fix and finding.step == 1
     assert finding.location is not None and "scaler.update()" in finding.evidence["source"]
     outer, inner = finding.evidence["call_chain"][-2:]
     assert outer.endswith(".loop()") and inner.endswith(".end_of_batch()")
@@ -85,7 +85,7 @@ def test_scaler_watch_second_step_without_update_names_the_missing_update() -> N
 
     [finding] = _order_findings(loop)
     assert finding.evidence["variant"] == "missing_update" and finding.evidence["call"] == "scaler.step()"
-    assert finding.step == 1 and "after 1 optimizer step," in finding.message
+    assert finding.step == 2 and "after 1 optimizer step," in finding.message
 
 
 def test_scaler_watch_step_on_a_scaler_that_never_scaled_names_the_other_scaler() -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit._util.dtypes import dtype_name
+from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.patches import PatchSet
 
 _DECORATOR_FILE = torch.amp.autocast_mode.__file__
@@ -35,15 +36,19 @@ class AutocastRequest:
 
 
 class AutocastWatch:
-    """Autocast regions (outermost ``with`` blocks, the scope of autocast's weight-cast cache)."""
+    """Autocast regions (outermost ``with`` blocks, the scope of autocast's weight-cast cache).
+
+    Autocast is thread-local in torch, so is a region: its depth and what happened inside it.
+    """
+
+    depth = PerThread(int)
+    region_location: PerThread[str | None] = PerThread(lambda: None)
+    region_stepped: PerThread[str | None] = PerThread(lambda: None)
+    """Where an optimizer stepped inside this thread's current region (its cached casts are stale)."""
 
     def __init__(self, state: WatchState) -> None:
         self.state = state
-        self.depth = 0
         self.region = 0
-        self.region_location: str | None = None
-        self.region_stepped: str | None = None
-        """Where an optimizer stepped inside the current region (its cached casts are stale)."""
         self.requests: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
         """Autocast objects entered, by (line, device type, dtype)."""
         self.built: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
@@ -140,6 +145,6 @@ class AutocastWatch:
                 "open the autocast region per step, around the forward and the loss only: "
                 "`with torch.autocast(...): loss = ...` then backward, optimizer step and zero_grad outside it"
             ),
-            location=self.state.frames.caller(), step=self.state.iteration,
+            location=self.state.frames.caller(), step=self.state.step,
             evidence={"region_opened_at": self.region_location, "optimizer_step_at": self.region_stepped},
         )

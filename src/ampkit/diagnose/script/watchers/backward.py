@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit._util.dtypes import dtype_name
+from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.precision import LOW_PRECISION_DTYPES
 
@@ -22,6 +23,11 @@ __all__ = ["BackwardWatch"]
 class BackwardWatch:
     """``torch.autograd.backward`` (which ``Tensor.backward`` calls): loss dtype, scaling, finiteness."""
 
+    # Between ``before`` and ``after`` of one backward call, per thread: another thread's backward
+    # must not swap the loss being judged.
+    _pending_loss: PerThread[torch.Tensor | None] = PerThread(lambda: None)
+    _scaled_now = PerThread(bool)
+
     def __init__(self, state: WatchState) -> None:
         self.state = state
         self.scalers: ScalerWatch
@@ -29,8 +35,6 @@ class BackwardWatch:
         self.calls = 0
         self.since_update = 0
         self.fp16_unscaled: list[int] = []
-        self._pending_loss: torch.Tensor | None = None
-        self._scaled_now = False
 
     def install(self, patches: PatchSet) -> None:
         patches.wrap(torch.autograd, "backward", self._wrap_backward)
@@ -58,7 +62,7 @@ class BackwardWatch:
         self._scaled_now = scaled is not None and scaled.enabled and scaled.kind == "torch"
         self.state.models.on_backward(flat, loss, scaled.scale if scaled is not None and scaled.enabled else None)
         if torch.float16 in low and (scaled is None or not scaled.enabled):
-            self.fp16_unscaled.append(self.state.iteration)
+            self.fp16_unscaled.append(self.state.step)
             self.state.ledger.add(
                 "NO_LOSS_SCALING", key="backward",
                 message=(
@@ -75,7 +79,7 @@ class BackwardWatch:
                     "with its switch on, `torch.amp.GradScaler(device_type, enabled=True)`, or train in bf16, "
                     "which needs no scaling"
                 ),
-                location=self.state.frames.caller(), step=self.state.iteration,
+                location=self.state.frames.caller(), step=self.state.step,
             )
         if loss.numel() == 1 and loss.dtype in LOW_PRECISION_DTYPES:
             location = self.state.frames.caller()
@@ -88,7 +92,7 @@ class BackwardWatch:
                 ),
                 fix="compute the loss in fp32: call .float() on the model output before the loss, e.g. "
                     "`loss = F.mse_loss(pred.float(), target)`",
-                location=location, step=self.state.iteration,
+                location=location, step=self.state.step,
                 evidence={"loss_dtype": dtype_name(loss.dtype)},
             )
         self._pending_loss = loss
@@ -98,6 +102,6 @@ class BackwardWatch:
         self._pending_loss = None
         if self._scaled_now:
             return  # a GradScaler guards this step: a skip triggers the diagnosis (and reads the loss then)
-        it = self.state.iteration
+        it = self.state.step
         bad = (~torch.isfinite(loss.detach())).any()
         self.state.pending.read(bad, lambda v: self.state.signals.on_loss(it, v > 0))

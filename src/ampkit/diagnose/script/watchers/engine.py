@@ -70,7 +70,7 @@ class DoctorEngineHook(EngineHook):
             primary |= is_primary
             # One found_inf for all optimizers: the engine skips them together.
             self.scalers.on_found(opt, result.found_inf, scale, is_primary)
-        it = self._state.iteration
+        it = self._state.step
         # The scale after the update, read at the next flush (a clone: the engine updates it in place).
         self._state.pending.read(engine.scale.detach().clone(), lambda v: self.info.scales.append((it, v)))
         if primary:

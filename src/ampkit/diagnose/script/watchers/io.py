@@ -79,14 +79,14 @@ class CheckpointWatch:
     def _wrap_save(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
             out = orig(obj, *args, **kwargs)
-            self.saves.append(_Event(self.state.iteration, self.state.frames.caller(), checkpoint_contents(obj)))
+            self.saves.append(_Event(self.state.step, self.state.frames.caller(), checkpoint_contents(obj)))
             return out
         return save
 
     def _wrap_load(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def load(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
-            self.loads.append(_Event(self.state.iteration, self.state.frames.caller(), checkpoint_contents(out)))
+            self.loads.append(_Event(self.state.step, self.state.frames.caller(), checkpoint_contents(out)))
             return out
         return load
 

@@ -13,6 +13,7 @@ carry hooks.
 from __future__ import annotations
 
 import contextlib
+import threading
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ampkit._util.autograd import sole_cast_consumers
+from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.watchers.compile import is_compile_wrapper
 from ampkit.precision import LOW_PRECISION_DTYPES
 
@@ -135,7 +137,17 @@ class ModelWatch:
 
     ``on_root_forward(capture)`` is called for every root forward (the AMP observer checks the
     autocast state there); ``max_captures`` bounds how many micro-batches of one window are kept.
+    A thread that trains has its own forward in progress, window of captures and step (``PerThread``).
     """
+
+    captures: PerThread[list[Capture]] = PerThread(list)
+    """This thread's forwards of the current optimizer window (cleared by ``new_window``)."""
+    _stack: PerThread[list[nn.Module]] = PerThread(list)
+    _pending: PerThread[Capture | None] = PerThread(lambda: None)
+    step = PerThread(lambda: 1)
+    """The optimizer step this thread's next forward belongs to, counted from 1 (``WatchState.step``)."""
+    paused = PerThread(bool)
+    """True while the doctor itself runs models (replays) in this thread: its hooks then do nothing."""
 
     def __init__(self, *, on_root_forward: Callable[[Capture], None], locate: Callable[[], str | None],
                  user_frame: Callable[[], types.FrameType | None] = lambda: None,
@@ -146,19 +158,18 @@ class ModelWatch:
         self.max_captures = max_captures
         self.grad_capture_numel = grad_capture_numel
         self.roots: dict[int, _Root] = {}
-        self.captures: list[Capture] = []
-        """Forwards of the current optimizer window (cleared by ``new_window``)."""
         self.last: Capture | None = None
-        self._stack: list[nn.Module] = []
         self._global: list[Any] = []
-        self._pending: Capture | None = None
-        self.step = 0
-        self.paused = False
-        """True while the doctor itself runs models (replays): its hooks then do nothing."""
+        self._global_lock = threading.Lock()
 
     # -- installation ----------------------------------------------------------------------
     def set_discovery(self, on: bool) -> None:
-        """Switch the global module hooks (every module call) on or off; only between forwards."""
+        """Switch the global module hooks (every module call) on or off; only between this thread's forwards
+        (another thread's forward in progress copes: ``_root_post`` pops its stack down to the root)."""
+        with self._global_lock:
+            self._switch_discovery(on)
+
+    def _switch_discovery(self, on: bool) -> None:
         if self._stack or on == bool(self._global):
             return
         if on:
@@ -298,9 +309,8 @@ class ModelWatch:
         self._pending = cap
 
     def _root_post(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        if torch.compiler.is_compiling() or self.paused or not self._stack or self._stack[-1] is not module:
+        if torch.compiler.is_compiling() or self.paused or not _pop_to(self._stack, module):
             return
-        self._stack.pop()
         if self._stack:
             return
         cap, self._pending = self._pending, None
@@ -396,6 +406,16 @@ class _PreCastSink:
         g = grad_outputs[0] if grad_outputs else None
         if g is not None:
             self.cap.grads_fp32[self.i] = g
+
+
+def _pop_to(stack: list[nn.Module], module: nn.Module) -> bool:
+    """Pop ``stack`` down to and including ``module``; False (nothing popped) when it is not on it.  A
+    submodule left on top had its post-hook removed mid-forward (another thread switched discovery off)."""
+    if not any(m is module for m in stack):
+        return False
+    while stack.pop() is not module:
+        pass
+    return True
 
 
 def _running_stats(module: nn.Module) -> list[torch.Tensor]:

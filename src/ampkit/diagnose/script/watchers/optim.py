@@ -14,6 +14,7 @@ import torch.optim.lr_scheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ampkit._util.dtypes import dtype_name
+from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.findings import LOW_PRECISION_UPDATES_LOST
 from ampkit.precision import LOW_PRECISION_DTYPES
@@ -32,12 +33,15 @@ class OptInfo:
     location: str | None
     checked: int = -1
     last_found: tuple[torch.Tensor, int] | None = None
-    """(found_inf, iteration) of the last scaler.step on this optimizer (None: stepped directly)."""
+    """(found_inf, step) of the last scaler.step on this optimizer (None: stepped directly)."""
     steps: int = 0
 
 
 class OptimWatch:
     """Optimizer construction and steps, LR schedulers, gradient clipping."""
+
+    primary: PerThread[weakref.ReferenceType[torch.optim.Optimizer] | None] = PerThread(lambda: None)
+    """This thread's primary optimizer, the first that stepped: its steps are the thread's steps."""
 
     def __init__(self, state: WatchState, *, autocast: AutocastWatch, casts: CastWatch) -> None:
         self.state = state
@@ -46,7 +50,6 @@ class OptimWatch:
         self.scalers: ScalerWatch
         """Set by the context once built (the scaler watcher consults this one too)."""
         self.optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptInfo] = weakref.WeakKeyDictionary()
-        self.primary: weakref.ReferenceType[torch.optim.Optimizer] | None = None
         self.scheduler_steps = 0
         self._sched_depth = 0
         self.sched_on_skip: list[int] = []
@@ -118,7 +121,7 @@ class OptimWatch:
         One fused norm over the gradients; read at once on CPU or on dense iterations, else
         deferred (then no replay: the weights will have changed).
         """
-        if self.state.loss_nonfinite and self.state.iteration in self.state.loss_nonfinite:
+        if self.state.loss_nonfinite and self.state.step in self.state.loss_nonfinite:
             return  # already handled as a non-finite loss
         if not any(c.low_precision is not None for c in self.state.models.captures):
             return  # an fp32 step: its gradients are no mixed-precision matter
@@ -127,7 +130,7 @@ class OptimWatch:
             return
         norms = torch._foreach_norm(grads)
         bad = (~torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms]))).any()
-        it = self.state.iteration
+        it = self.state.step
         self.state.pending.read(bad, lambda v: self.state.signals.on_grads(it, v > 0), now=self.state.sampler.dense(it))
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -162,7 +165,7 @@ class OptimWatch:
                 "weights to the low precision per op"
             ),
             location=site.location if site is not None and site.location else info.location,
-            step=self.state.iteration,
+            step=self.state.step,
             evidence={"low_precision_params": len(low), "params": total, "dtypes": dtypes, "examples": shown,
                       **({"made_low_precision": site.evidence()} if site is not None else {})},
         )

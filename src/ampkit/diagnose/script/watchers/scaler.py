@@ -18,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ampkit._util.dtypes import dtype_name
+from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.errors import exception_finding
 from ampkit.diagnose.script.order import OrderContext, explain_order
 from ampkit.diagnose.script.patches import PatchSet
@@ -57,7 +58,7 @@ class ScalerInfo:
     backward_scaled: bool = False
     """A backward of a scaled loss ran since the last update (gradients hold loss × scale)."""
     scales: list[tuple[int, float]] = field(default_factory=list)
-    """(iteration, scale after update)."""
+    """(step, counted from 1, scale after update)."""
     state_taken: bool = False
     state_loaded: bool = False
     saw_bf16: bool = False
@@ -93,16 +94,18 @@ def _spelling(cls: type) -> str:
 class ScalerWatch:
     """GradScaler (torch's and ampkit's): scaling, unscale/step/update order, clipping, skipped steps."""
 
+    in_step = PerThread(int)
+    """Depth of guarded optimizer steps (``GradScaler.step``, an ampkit engine's) in this thread."""
+
     def __init__(self, state: WatchState, *, optim: OptimWatch, backward: BackwardWatch) -> None:
         self.state = state
         self.optim = optim
         self.backward = backward
         self.scalers: weakref.WeakKeyDictionary[Any, ScalerInfo] = weakref.WeakKeyDictionary()
         self.infos: list[ScalerInfo] = []
-        self.in_step = 0
         self._scaled: dict[int, ScaledSource] = {}
         self.scaled_overflow: set[int] = set()
-        """Iterations where loss × scale overflowed the loss's low-precision dtype."""
+        """Steps where loss × scale overflowed the loss's low-precision dtype."""
         self.ampkit_scaled = 0
         self.ampkit_enabled = False
         """An ampkit loss scaler that scaled a loss was enabled."""
@@ -212,7 +215,7 @@ class ScalerWatch:
         outs, _ = tree_flatten(out)
         for a, b in zip(ins, outs):
             if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION_DTYPES:
-                it = self.state.iteration
+                it = self.state.step
                 location = self.state.frames.caller()
                 overflow = (~torch.isfinite(b.detach())).any() & torch.isfinite(a.detach()).all()
                 if scale is not None:
@@ -251,10 +254,11 @@ class ScalerWatch:
             optimizers=len(self.optim.optimizers)))
         if rule is None:
             return
-        frames, it = self.state.frames, self.state.iteration
+        frames, it = self.state.frames, self.state.step
         location = frames.caller(2)
         finding = exception_finding(exc, "UNSCALE_ORDER_ERROR", rule.message(text), rule.fix, location=location,
-                                    module=None, step=it, where=where_now(frames, self.state.models, it, skip=2),
+                                    module=None, step=it,
+                                    where=where_now(frames, self.state.models, self.state.iteration, skip=2),
                                     evidence=rule.evidence(call))
         self.state.ledger.add(finding.code, key=location, message=finding.message, fix=finding.fix,
                               location=location, step=it, evidence=finding.evidence)
@@ -300,11 +304,11 @@ class ScalerWatch:
                  primary: bool) -> None:
         """A guarded step (``GradScaler.step`` or an ampkit engine's) produced ``found``: keep it for the
         scheduler rule and signal it (read at once where the step already synced on it)."""
-        self.optim.info(optimizer).last_found = (found, self.state.iteration)
+        self.optim.info(optimizer).last_found = (found, self.state.step)
         # Non-fused optimizers: the scaler already synced on found_inf to decide the step, reading it is free.
         urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or self.state.sampler.dense(
             self.state.iteration)
-        self.state.signals.on_scaler_found(found, scale, self.state.iteration, primary, urgent)
+        self.state.signals.on_scaler_found(found, scale, self.state.step, primary, urgent)
 
     def _wrap_update(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def update(sc: Any, new_scale: Any = None) -> Any:
@@ -322,7 +326,7 @@ class ScalerWatch:
                     fix=("call scaler.unscale_/clip/scaler.step/scaler.update only at the accumulation boundary: "
                          "`if (i + 1) % accum == 0: scaler.unscale_(opt); clip...; scaler.step(opt); "
                          "scaler.update(); opt.zero_grad()`"),
-                    location=location, step=self.state.iteration,
+                    location=location, step=self.state.step,
                 )
             try:
                 out = orig(sc, new_scale)
@@ -330,7 +334,7 @@ class ScalerWatch:
                 self._explain_order(exc, sc, "update")
                 raise
             if sc._enabled:
-                it = self.state.iteration
+                it = self.state.step
                 self.state.pending.read(sc._scale.detach().clone(), lambda v: info.scales.append((it, v)))
             info.stepped_since_update = info.unscaled_since_update = info.backward_scaled = False
             self.backward.since_update = 0
@@ -383,7 +387,7 @@ class ScalerWatch:
                 "compared with scaled norms, so gradients are clipped far harder than intended (or not at all "
                 "once the scale drops)"
             ),
-            fix=fix, location=location, step=self.state.iteration, evidence={"function": fname},
+            fix=fix, location=location, step=self.state.step, evidence={"function": fname},
         )
 
     def on_direct_step(self, opt: torch.optim.Optimizer) -> None:
@@ -400,6 +404,6 @@ class ScalerWatch:
                         "check"
                     ),
                     fix="replace optimizer.step() with scaler.step(optimizer), followed by scaler.update()",
-                    location=location, step=self.state.iteration,
+                    location=location, step=self.state.step,
                 )
                 return

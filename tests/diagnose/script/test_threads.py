@@ -1,0 +1,82 @@
+"""A script that trains in two threads under ``ampkit doctor``: every thread's optimizer steps are
+counted, and the thread that got a non-finite batch is reported (autocast, the step and the forward
+in progress are per thread)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+# Two threads, each with its own model and optimizer, 30 steps each; the second one's 13th step gets
+# a batch holding inf.  The loops are written out twice so that each thread's forward has its own line.
+SCRIPT = """
+    import threading
+    import torch
+    from torch import nn
+
+
+    def clean() -> None:
+        torch.manual_seed(0)
+        model_a = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        opt = torch.optim.SGD(model_a.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(0)
+        for step in range(30):
+            x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model_a(x).float(), y)  # CLEAN FORWARD
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+    def broken() -> None:
+        torch.manual_seed(1)
+        model_b = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        opt = torch.optim.SGD(model_b.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(1)
+        for step in range(30):
+            x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+            if step == 12:
+                x[0, 0] = float("inf")
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model_b(x).float(), y)  # BROKEN FORWARD
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+    threads = [threading.Thread(target=clean), threading.Thread(target=broken)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+"""
+
+
+def _line(source: str, marker: str) -> int:
+    return next(i for i, text in enumerate(source.splitlines(), 1) if marker in text)
+
+
+def test_doctor_threads_count_every_threads_steps_and_report_the_broken_threads_input(tmp_path: Path) -> None:
+    source = textwrap.dedent(SCRIPT)
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "ampkit.cli.main", "doctor", "--json", str(out), str(script)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["steps"] == 60
+    assert "ran 60 optimizer step(s)" in proc.stdout
+    [nonfinite] = [f for f in doc["findings"] if f["code"] == "NONFINITE_INPUT" and f["evidence"].get("input") == 0]
+    # a line of the broken thread's loop (where its step was seen to fail), never one of the clean thread's
+    path, line = nonfinite["location"].rsplit(":", 1)
+    assert path == str(script) and _line(source, "BROKEN FORWARD") <= int(line) <= _line(source, "BROKEN FORWARD") + 3
+    assert nonfinite["evidence"]["samples"] == [0]
+    data_replays = [r for r in doc["environment"]["replays"] if r["why"] == "nonfinite_loss:nonfinite_data"]
+    assert [r["step"] for r in data_replays] == [13]  # the broken thread's 13th optimizer step
+    clean = range(_line(source, "def clean"), _line(source, "def broken"))
+    assert all(int(f["location"].rsplit(":", 1)[1]) not in clean for f in doc["findings"] if f["location"])
