@@ -40,8 +40,9 @@ __all__ = [
     "step_or_skip",
 ]
 
-# Dtypes whose norms overflow only where fp32 does, far above any trainable gradient norm.
-_FP32_RANGE = (torch.float32, torch.bfloat16, torch.float64)
+# Dtypes whose norms overflow only where fp32 does, far above any trainable gradient norm
+# (a complex norm is that of its real and imaginary parts, reduced in the part's dtype).
+_FP32_RANGE = (torch.float32, torch.bfloat16, torch.float64, torch.complex64, torch.complex128)
 
 
 def as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
@@ -99,7 +100,8 @@ def checks_by_norm(params: Iterable[torch.Tensor]) -> bool:
     """Whether the global norm of these parameters' gradients is non-finite exactly when one of them is.
 
     An inf or NaN gradient element makes the norm inf or NaN.  The converse needs a dtype whose
-    norm cannot overflow while its elements are finite: fp32, bf16 and fp64 overflow only above a
+    norm cannot overflow while its elements are finite: fp32, bf16, fp64 (and complex64, complex128,
+    whose norm is that of their parts) overflow only above a
     norm of about 1.8e19 (the square's fp32 limit), where clipping would multiply every gradient
     by max_norm / inf = 0 anyway; fp16 (norm above 65504) and DTensor shards (a norm that needs a
     collective) keep the separate check.

@@ -13,6 +13,7 @@ ValueError: Adam(eps=1e-08) cannot be represented in fp16 parameters (it becomes
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 
@@ -20,7 +21,15 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 
-__all__ = ["check_amp_step", "check_eps", "check_optimizer", "check_param", "no_gradients_error"]
+__all__ = [
+    "check_amp_step",
+    "check_eps",
+    "check_no_closure",
+    "check_optimizer",
+    "check_param",
+    "no_gradients_error",
+    "requires_closure",
+]
 
 
 def check_param(p: torch.Tensor, *, where: str, device: torch.device, scaled: bool) -> None:
@@ -112,3 +121,41 @@ def check_amp_step(opt: torch.optim.Optimizer) -> None:
         "its grad_scaler parameter; or set optimizer._step_supports_amp_scaling = False, and the engine "
         "unscales the gradients and skips the step for it"
     )
+
+
+def requires_closure(opt: torch.optim.Optimizer) -> bool:
+    """True when ``type(opt).step`` takes a ``closure`` without a default (torch's LBFGS).
+
+    Read from the signature once per optimizer class (cached), so the check costs a dict lookup
+    per step.  A ``step`` without a readable signature (a builtin) is taken not to need one.
+    """
+    return _step_requires_closure(type(opt))
+
+
+@functools.lru_cache(maxsize=None)
+def _step_requires_closure(cls: type) -> bool:
+    try:
+        param = inspect.signature(cls.step).parameters.get("closure")  # type: ignore[attr-defined]
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+_CLOSURE_FIX = (
+    "a closure re-evaluates the loss and its gradients several times inside one optimizer step, and "
+    "the engine unscales, checks and clips only the gradients it is handed, once, so loss scaling would "
+    "have to wrap every evaluation (torch.amp.GradScaler refuses closures for the same reason). Without "
+    "a loss scaler (bf16, fp32), call opt.step(closure) yourself, with the forward inside mp.autocast() "
+    "and a plain loss.backward() in the closure, instead of mp.backward() and mp.step(); with fp16, "
+    "use an optimizer that steps without a closure (SGD, Adam, AdamW)"
+)
+
+
+def check_no_closure(opts: Sequence[torch.optim.Optimizer], closure: object) -> None:
+    """Raise, before anything moves, for ``mp.step(opt, closure)`` or an optimizer that needs a closure."""
+    if closure is not None:
+        raise TypeError(f"mp.step(optimizer, closure) is not supported: {_CLOSURE_FIX}")
+    for opt in opts:
+        if requires_closure(opt):
+            name = type(opt).__name__
+            raise TypeError(f"mp.step({name}) cannot step {name}: its step(closure) needs a closure; {_CLOSURE_FIX}")

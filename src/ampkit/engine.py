@@ -31,7 +31,7 @@ from torch import nn
 
 from ampkit import _boundary
 from ampkit import hooks as _hooks
-from ampkit._guards import check_optimizer, check_param, no_gradients_error
+from ampkit._guards import check_no_closure, check_optimizer, check_param, no_gradients_error
 from ampkit._state import EngineState, check_engine_state
 from ampkit._util.nested import flatten_tensors
 from ampkit.config import EngineConfig
@@ -275,9 +275,15 @@ class Engine:
             self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite + bad
         return self.scaler.scale(loss)
 
-    def step(self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> _hooks.StepResult:
-        """Count one micro-batch; at the boundary unscale, clip, step or skip, update, zero_grad."""
+    def step(
+        self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], closure: object = None,
+    ) -> _hooks.StepResult:
+        """Count one micro-batch; at the boundary unscale, clip, step or skip, update, zero_grad.
+
+        A ``closure``, or an optimizer whose step needs one (LBFGS), is refused before anything moves.
+        """
         opts = _boundary.as_optimizers(optimizers)
+        check_no_closure(opts, closure)
         self.micro_step += 1
         if self.micro_step < self.grad_accumulation:
             return _hooks.StepResult(boundary=False, optimizer_step=self.optimizer_steps)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from ampkit._state import check_dynamic_scaler_state, check_static_scaler_state
+from ampkit._util.grads import unscale_groups
 
 if TYPE_CHECKING:
     from ampkit.precision import Precision
@@ -54,21 +54,15 @@ def unscale_and_check_(
     checks it (duplicate indices can overflow fp16 only once summed), and stays scaled itself.
     To keep the result, replace it by ``g.coalesce()`` first, as the engine does on each
     parameter (``ampkit._boundary.grads_to_unscale``); a coalesced tensor coalesces to itself.
+    A complex gradient is checked and multiplied through its real view (``unscale_groups``).
 
     >>> g = [torch.tensor([2.0, 4.0]), torch.tensor([float("inf")])]
     >>> found = unscale_and_check_(g, torch.tensor(0.5), torch.zeros(()))
     >>> g[0].tolist(), float(found) > 0
     ([1.0, 2.0], True)
     """
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    for g in grads:
-        if g.is_sparse:
-            # Duplicate indices could hide an overflow in the sum; coalesce fp16 like GradScaler.
-            g = g.coalesce() if g.dtype is torch.float16 else g
-            g = g._values()
-        groups[(g.device, g.dtype)].append(g)
     per_device: dict[torch.device, torch.Tensor] = {}
-    for (device, _dtype), tensors in groups.items():
+    for (device, _dtype), tensors in unscale_groups(grads).items():
         if device not in per_device:
             per_device[device] = (
                 found_inf if device == found_inf.device else torch.zeros((), device=device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -60,6 +61,15 @@ def test_telemetry_metrics_counts_sparse_gradients_as_their_dense_values() -> No
     zeros, nonfinite = GradCounter(torch.device("cpu"), workspace_elements=4).count([sparse, dense])
     as_dense = sparse.to_dense()
     assert float(zeros) == int((as_dense == 0).sum()) + 1 and float(nonfinite) == 1
+
+
+def test_telemetry_metrics_counts_complex_elements_whole_without_warning() -> None:
+    # An element is zero when both parts are, non-finite when either is.
+    z = torch.tensor([0j, 1 + 0j, 1j, complex(float("nan"), 0.0), complex(0.0, float("inf"))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        zeros, nonfinite = GradCounter(torch.device("cpu")).count([z, torch.tensor([0.0, float("inf")])])
+    assert (int(zeros), int(nonfinite)) == (2, 3)
 
 
 def test_telemetry_records_a_sparse_embedding_step() -> None:

@@ -1,4 +1,6 @@
-"""The global L2 norm of a set of gradients, computed as ``clip_grad_norm_`` computes it, without a sync.
+"""Gradients for the fused AMP kernels: their global L2 norm, and their groups for the unscale.
+
+``global_grad_norm``: the global L2 norm, computed as ``clip_grad_norm_`` computes it, without a sync.
 
 One ``_foreach_norm`` (a fused kernel per dtype/device group) and one norm over the per-tensor
 norms; the result is a float32 device scalar.  Used where a norm is wanted without clipping:
@@ -15,15 +17,26 @@ coalescing copies the gradient's values, a cost paid only for sparse gradients.
 >>> dup = torch.sparse_coo_tensor(torch.tensor([[0, 0]]), torch.tensor([3.0, 1.0]), (2,), check_invariants=True)
 >>> float(global_grad_norm([dup, torch.tensor([3.0])]))
 5.0
+
+``unscale_groups``: the tensors ``torch._amp_foreach_non_finite_check_and_unscale_`` multiplies in
+place, grouped by (device, dtype) as the kernel wants them.  A complex gradient goes in as
+``torch.view_as_real(g)`` (the kernel has no complex dtypes): a real view of the same memory, so
+the real and imaginary parts are checked and multiplied in place, exactly as a real gradient of
+twice the size would be.  ``_foreach_norm`` takes complex tensors as they are (the modulus).
+
+>>> z = torch.tensor([3 + 4j])
+>>> [(dtype, [t.shape for t in ts]) for (_, dtype), ts in unscale_groups([z]).items()]
+[(torch.float32, [torch.Size([1, 2])])]
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["global_grad_norm"]
+__all__ = ["global_grad_norm", "unscale_groups"]
 
 
 def global_grad_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -31,3 +44,20 @@ def global_grad_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     dense = [g.coalesce()._values() if g.is_sparse else g for g in grads]
     norms = torch._foreach_norm(dense)
     return torch.linalg.vector_norm(torch.stack([n.to(torch.float32) for n in norms]))
+
+
+def unscale_groups(grads: Iterable[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
+    """``grads`` as the fused unscale takes them: real views (sparse: values) grouped by (device, dtype).
+
+    An uncoalesced fp16 sparse gradient is coalesced into a copy, as ``GradScaler`` checks it
+    (duplicate indices can overflow fp16 only once summed); every other tensor is a view of the
+    gradient's own memory, so the unscale writes through to it.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for g in grads:
+        if g.is_sparse:
+            g = (g.coalesce() if g.dtype is torch.float16 else g)._values()
+        if g.is_complex():
+            g = torch.view_as_real(g)
+        groups[(g.device, g.dtype)].append(g)
+    return groups

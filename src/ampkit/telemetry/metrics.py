@@ -90,7 +90,7 @@ class GradCounter:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         sparse: list[torch.Tensor] = []
         for g in grads:
-            if g.is_sparse:
+            if g.is_sparse or g.is_complex():
                 sparse.append(g)
             else:
                 by_dtype.setdefault(g.dtype, []).append(g)
@@ -99,7 +99,7 @@ class GradCounter:
         acc = buffer_dtype(self.device)
         totals = torch.stack(counts).to(acc).sum(0) if counts else torch.zeros(2, dtype=acc, device=self.device)
         for g in sparse:
-            totals = totals + _sparse_counts(g, acc)
+            totals = totals + _counts_apart(g, acc)
         return totals[0], totals[1]
 
     def _count_packed(self, dtype: torch.dtype, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -130,10 +130,15 @@ class GradCounter:
         return out
 
 
-def _sparse_counts(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(zeros, non-finite) of a sparse gradient: its implicit zeros count as zeros.  Coalescing (a sort
-    and a copy of the values) sums duplicate indices first, as the optimizer will; sparse gradients only."""
-    values = g.coalesce().values()
+def _counts_apart(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(zeros, non-finite) of a sparse or complex gradient, counted apart from the packed chunks.
+
+    Sparse: its implicit zeros count as zeros; coalescing (a sort and a copy of the values) sums
+    duplicate indices first, as the optimizer will.  Complex: an element is zero when both parts
+    are and non-finite when either is (the float32 mask of the packed path would cast the complex
+    comparison, with a warning).  Both allocate their masks each step, for these gradients only.
+    """
+    values = g.coalesce().values() if g.is_sparse else g
     nonzero = torch.count_nonzero(values).to(dtype)
     nonfinite = torch.count_nonzero(~torch.isfinite(values)).to(dtype)
     return torch.stack([g.numel() - nonzero, nonfinite])
