@@ -129,10 +129,10 @@ def requires_closure(opt: torch.optim.Optimizer) -> bool:
     Read from the signature once per optimizer class (cached), so the check costs a dict lookup
     per step.  A ``step`` without a readable signature (a builtin) is taken not to need one.
     """
-    return _step_requires_closure(type(opt))
+    return _step_requires_closure(type(opt))  # type: ignore[arg-type]  # classes hash by identity; typeshed disagrees
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _step_requires_closure(cls: type) -> bool:
     try:
         param = inspect.signature(cls.step).parameters.get("closure")  # type: ignore[attr-defined]
