@@ -121,9 +121,9 @@ def _scaler() -> ScalerInfo:
 ])
 def test_threshold_scale_collapse_late_skip_share_is_judged_with_the_band(steps: int, late_skips: int,
                                                                           outcome: str) -> None:
-    # The first `late_skips` steps of the run's second half were skipped.
+    # The first `late_skips` steps of the run's second half were skipped (steps are counted from 1).
     half = steps // 2
-    skips = dict.fromkeys(range(half, half + late_skips), "gradient_overflow")
+    skips = dict.fromkeys(range(half + 1, half + 1 + late_skips), "gradient_overflow")
     judged, _, share = _collapsed(_scaler(), skips, steps)
     assert judged == outcome
     if outcome != "clear":
