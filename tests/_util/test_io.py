@@ -175,3 +175,49 @@ def test_io_check_before_the_rename_can_cancel_the_write(tmp_path: Path) -> None
     assert target.read_bytes() == b"old"
     assert len(seen) == 1 and len(seen[0]) == 2 and seen[0][0].startswith(".a.py.")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]  # the temp file is removed
+
+
+# Writes the set {a, b} twice: a small old one, then a new one whose b is sys.argv[2] bytes.
+WRITE_SET_AND_REPORT = """
+import os, sys
+from ampkit._util.io import atomic_write_set
+d = sys.argv[1]
+atomic_write_set({f"{d}/a": b"old a", f"{d}/b": b"old b"})
+try:
+    atomic_write_set({f"{d}/a": b"new a", f"{d}/b": b"x" * int(sys.argv[2])})
+    print("written")
+except OSError as exc:
+    print(type(exc).__name__, exc.errno, exc)
+print(open(f"{d}/a", "rb").read().decode(), sorted(os.listdir(d)))
+"""
+
+# A thread sends SIGTERM the moment the first temp file of the set appears (mid-write).
+SIGTERM_DURING_A_SET = """
+import os, signal, sys, threading
+from ampkit._util.io import atomic_write_set
+d = sys.argv[1]
+def terminate_at_the_first_temp():
+    while not any(name.endswith(".tmp") for name in os.listdir(d)):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=terminate_at_the_first_temp, daemon=True).start()
+atomic_write_set({f"{d}/{name}": name.encode() * (4 << 20) for name in "abc"})
+print("the writer went on after the set")
+"""
+
+
+def test_io_write_set_that_fills_the_disk_leaves_every_old_file_and_no_temp(tmp_path: Path) -> None:
+    result = run_after_mounting(tmpfs(tmp_path, "64k"), [sys.executable, "-c", WRITE_SET_AND_REPORT, str(tmp_path),
+                                                         str(1 << 20)], cwd=tmp_path, env=ENV, timeout=60)
+    first, listing = result.stdout.splitlines()
+    assert first.startswith(f"OSError 28 cannot write {str(tmp_path / 'b')!r}: no space left"), result
+    assert listing == "old a ['a', 'b']", "a must stay old although its new temp file was complete"
+
+
+def test_io_write_set_sigterm_during_the_writes_completes_the_set_then_ends_by_it(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-c", SIGTERM_DURING_A_SET, str(tmp_path)], env=ENV,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == -15, result.stderr  # SIGTERM's default action, once the set is written
+    assert result.stdout == "", "nothing after the set may run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"], "no temp file is left"
+    assert all((tmp_path / n).read_bytes() == n.encode() * (4 << 20) for n in "abc")

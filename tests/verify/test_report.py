@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.verify.verify_helpers import Job, task_ref, verify
+from tests.verify.verify_helpers import Job, LibraryJob, task_ref, verify
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -73,3 +80,44 @@ def test_report_escapes_names_from_user_code(tmp_path: Path) -> None:
     if any(shutil.which(n) for n in CHROMIUM_NAMES):
         dom, log = _dump_dom(tmp_path / "report.html")
         assert "<script" not in dom and "<img" not in dom and _page_errors(log) == []
+
+
+# Rewrites one real report again and again, each time with a new "created"; a thread sends Ctrl-C
+# the moment report.md's temp file appears (report.json's is renamed already, or about to be).
+# torch's intra-op threads exist, as in a verify run: the kernel may hand SIGINT to any thread.
+INTERRUPTED_REWRITES = textwrap.dedent("""
+    import json, os, signal, sys, threading
+    import torch
+    torch.ones(256, 256) @ torch.ones(256, 256)
+    from ampkit.verify.report import write_report
+    report, out = json.loads(open(sys.argv[1]).read()), sys.argv[2]
+    report["created"] = "run 001"
+    write_report(report, out)
+
+    def interrupt_during_the_markdown_write():
+        while not any(name.startswith(".report.md.") for name in os.listdir(out)):
+            pass
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_during_the_markdown_write, daemon=True).start()
+    try:
+        for run in range(2, 50):
+            report["created"] = f"run {run:03d}"
+            write_report(report, out)
+        print("never interrupted")
+    except KeyboardInterrupt:
+        print("interrupted")
+""")
+
+
+def test_report_ctrl_c_during_the_writes_leaves_three_files_of_one_run_and_no_temp(
+        regression_job_again: LibraryJob, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_REWRITES, str(regression_job_again.out / "report.json"),
+                             str(out)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.stdout == "interrupted\n", result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"], "no temp file"
+    created = json.loads((out / "report.json").read_text())["created"]
+    md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert f"Created {created} with" in md, f"report.json is from {created!r}, report.md is not"
+    assert f"{created} · ampkit" in page, f"report.json is from {created!r}, report.html is not"

@@ -11,6 +11,9 @@ A failed write raises ``OSError`` (the errno kept) whose message names the targe
 file, and says the cause in words: no space left, the file size limit, a read-only file system,
 a directory in the way.
 
+``atomic_write_set`` writes several files as one: all old or all new, with SIGINT, SIGTERM and
+SIGHUP held until the set is complete (a report's JSON, Markdown and HTML).
+
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
 >>> atomic_write_bytes(d / "a.txt", b"hello")
@@ -22,18 +25,24 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import socket
+import stat
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
+from ampkit._util.signals import signals_deferred
+
 __all__ = [
+    "append_whole",
     "atomic_replace",
     "atomic_write_bytes",
+    "atomic_write_set",
     "atomic_write_text",
     "fsync_dir",
     "remove_stale_temps",
@@ -193,6 +202,56 @@ def atomic_replace(path: str | os.PathLike[str], write: Callable[[IO[bytes]], ob
     target = Path(path)
     _prepare_directory(target)
     remove_stale_temps(target)  # first: the leftovers may be what fills the disk
+    tmp = _synced_temp(target, write, mode)
+    try:
+        if check is not None:
+            check()
+        _rename(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(target.parent)
+
+
+def atomic_write_set(files: Mapping[str | os.PathLike[str], bytes], *, mode: int | None = None) -> None:
+    """Write several files so that together they are all the old ones or all the new ones.
+
+    Every file is first written to its temp file and synced; only then are they renamed, one
+    after another.  SIGINT, SIGTERM and SIGHUP wait for the end (``signals.signals_deferred``),
+    so a signal can neither leave a temp file behind nor stop between two renames; a failure
+    while writing removes every temp file and leaves all the old files.  What it cannot cover:
+    SIGKILL or a power cut between two renames (the set is then mixed), and a rename that fails
+    after another succeeded, which a rename within one directory practically never does.  Errors
+    as ``atomic_replace``.
+    """
+    targets = [(Path(p), data) for p, data in files.items()]
+    for target, _ in targets:
+        _prepare_directory(target)
+        remove_stale_temps(target)
+    temps: list[str] = []
+    renamed = 0
+    with signals_deferred():
+        try:
+            for target, data in targets:
+                temps.append(_synced_temp(target, functools.partial(_write_all, data=data), mode))
+            for tmp, (target, _) in zip(temps, targets):
+                _rename(tmp, target)
+                renamed += 1
+        finally:
+            for tmp in temps[renamed:]:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+    for parent in dict.fromkeys(target.parent for target, _ in targets):
+        fsync_dir(parent)
+
+
+def _write_all(f: IO[bytes], *, data: bytes) -> None:
+    f.write(data)
+
+
+def _synced_temp(target: Path, write: Callable[[IO[bytes]], object], mode: int | None) -> str:
+    """A temp file next to ``target`` holding what ``write`` wrote, synced to disk; removed on failure."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f"{_temp_prefix(target)}{os.getpid()}-{_host_tag()}.",
                                    suffix=".tmp", dir=target.parent)
@@ -213,18 +272,20 @@ def atomic_replace(path: str | os.PathLike[str], write: Callable[[IO[bytes]], ob
                 raise _explained(recorder.error, target) from exc
             f.flush()
             os.fsync(f.fileno())
-        if check is not None:
-            ours = False
-            check()
-            ours = True
-        os.replace(tmp, target)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if ours and isinstance(exc, OSError):
             raise _explained(exc, target) from exc
         raise
-    fsync_dir(target.parent)
+    return tmp
+
+
+def _rename(tmp: str, target: Path) -> None:
+    try:
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise _explained(exc, target) from exc
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None,
@@ -236,3 +297,32 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int |
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, mode: int | None = None) -> None:
     """Write ``text`` as UTF-8 to ``path`` atomically (see ``atomic_replace``)."""
     atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+def append_whole(fd: int, data: bytes, *, fsync: bool = False) -> None:
+    """Append ``data`` to the file open at ``fd`` (opened for appending): all of it, or nothing.
+
+    ``os.write`` may write only a part (a disk that fills up mid-write returns a short count and
+    the next call fails with ENOSPC).  On any failure, an interrupt included, a regular file is cut
+    back to its size before the call, so a reader that parses every line never meets a partial
+    one; then the error passes through.  A device or pipe cannot be cut back.  Cost: one
+    ``fstat``, plus one ``ftruncate`` on failure; correct only while no other process appends to
+    the same file.
+    """
+    before = os.fstat(fd)
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+    except BaseException as exc:
+        if not stat.S_ISREG(before.st_mode):
+            raise
+        try:
+            os.ftruncate(fd, before.st_size)
+        except OSError as undo:
+            if isinstance(exc, OSError):
+                raise OSError(exc.errno, f"{exc.strerror}; the partial write could not be cut back "
+                                         f"({undo.strerror})") from exc
+        raise

@@ -10,18 +10,14 @@ comes from user code (task and metric names, errors, paths, environment strings)
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
-import os
-import signal
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ampkit._util.io import atomic_write_bytes
+from ampkit._util.io import atomic_write_set
 from ampkit._util.jsonfloat import NONFINITE_AS_NULL, dumps
 
 __all__ = ["callouts", "load_schema", "render_html", "render_json", "render_markdown", "summary_table", "write_report"]
@@ -377,32 +373,10 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]
         "html": render_html(report, render_charts(report)).encode(),
     }
     paths = {kind: out / f"report.{kind}" for kind in rendered}
-    umask = os.umask(0)
-    os.umask(umask)
-    with _sigint_deferred():
-        for kind, data in rendered.items():
-            atomic_write_bytes(paths[kind], data)
-            # The temp file is created 0600; a report is meant to be shared, so give it the usual mode.
-            os.chmod(paths[kind], 0o666 & ~umask)
+    # One set: a Ctrl-C (or SIGTERM, SIGHUP) during the writes never pairs a new report.json
+    # with an old report.html; the mode is the usual one of a shared file (0666 minus the umask).
+    atomic_write_set({paths[kind]: data for kind, data in rendered.items()})
     return paths
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C for the few milliseconds the three writes take, so the files stay one set.
-
-    Each write is atomic on its own; blocking SIGINT (delivered when unblocked) also keeps a
-    new report.json from sitting next to an old report.html.  Main thread on POSIX only.
-    """
-    can_block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-    if not can_block:
-        yield
-        return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def summary_table(report: dict[str, Any]) -> Any:
