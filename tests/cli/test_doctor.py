@@ -76,7 +76,8 @@ def _report(path: Path) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize(("sig", "ended", "status"), [(signal.SIGINT, "sigint", 130), (signal.SIGTERM, "sigterm", 143)])
+@pytest.mark.parametrize(("sig", "ended", "status"), [(signal.SIGINT, "sigint", 130), (signal.SIGTERM, "sigterm", 143),
+                                                    (signal.SIGHUP, "sighup", 129)])
 def test_doctor_signal_after_a_finding_writes_it_as_partial(tmp_path: Path, sig: int, ended: str, status: int) -> None:
     script = _write(tmp_path / "train.py", OVERFLOW)
     proc = _doctor_process(tmp_path, "--json", "r.json", str(script), "marker", "sleep")
@@ -88,6 +89,32 @@ def test_doctor_signal_after_a_finding_writes_it_as_partial(tmp_path: Path, sig:
     assert doc["partial"] is True and doc["ended"] == ended
     assert "FORWARD_OVERFLOW" in [f["code"] for f in doc["findings"]]
     assert "FORWARD_OVERFLOW" in out and "findings so far" in out
+
+
+# The OVERFLOW script, then a thread that sends SIGTERM the moment the doctor's JSON temp file
+# appears: the run is over and the report is being written.
+TERMINATED_DURING_THE_WRITE = OVERFLOW + """
+    import signal, threading
+    def terminate_during_the_json_write():
+        while not any(name.startswith(".r.json.") for name in os.listdir(".")):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=terminate_during_the_json_write, daemon=True).start()
+"""
+
+
+def test_doctor_sigterm_during_the_json_write_completes_both_files_then_ends_by_it(tmp_path: Path) -> None:
+    script = _write(tmp_path / "train.py", TERMINATED_DURING_THE_WRITE)
+    big = ["x" * 100_000] * 10  # the script's argv is in the JSON: 1 MB to write and sync
+    proc = _doctor_process(tmp_path, "--json", "r.json", "--html", "r.html", str(script), "marker", "end", *big)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGTERM, err  # SIGTERM's default action, once both files are written
+    assert f"wrote {tmp_path / 'r.html'}" in err
+    doc = _report(tmp_path / "r.json")
+    assert doc["partial"] is False and doc["environment"]["argv"][2:] == big
+    assert "FORWARD_OVERFLOW" in [f["code"] for f in doc["findings"]]
+    assert "FORWARD_OVERFLOW" in (tmp_path / "r.html").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["marker", "r.html", "r.json", "train.py"], "no temp file"
 
 
 def test_doctor_script_that_raises_after_a_finding_writes_it_as_partial(tmp_path: Path) -> None:

@@ -13,12 +13,13 @@ Which one TARGET is:
   task name, ``path/to/file.py:attr`` or ``package.module:attr``.  A task takes no ARGS.
 
 Options must come before TARGET; everything after it belongs to the script.  Exit status: 130
-after Ctrl-C and 143 after SIGTERM; else the script's own status when it is not 0 (1 when it
+after Ctrl-C, 143 after SIGTERM and 129 after SIGHUP; else the script's own status when it is not 0 (1 when it
 raised); else 1 when an error-severity finding is reported, else 0; 2 for usage errors (a
 --json/--html that cannot be written is one, found before the script runs).
 
-When the script is interrupted (Ctrl-C, SIGTERM), raises, or calls os._exit, the findings made
-so far are still printed and written; the JSON then says "partial": true and how it "ended".
+When the script is interrupted (Ctrl-C, SIGTERM, SIGHUP), raises, or calls os._exit, the findings
+made so far are still printed and written; the JSON then says "partial": true and how it "ended".
+A signal that arrives while the files are written waits until they are complete.
 
 A script that calls torch.compile runs eagerly under the doctor (the calls are listed in the
 JSON's "compiled"); --compare-compiled then compares the last step compiled vs eager, module by
@@ -88,13 +89,19 @@ def is_script(target: str, as_module: bool) -> bool:
 
 def _write_outputs(args: argparse.Namespace, document: dict[str, Any], result: Any, partial: str | None,
                    checkup: dict[str, Any] | None = None) -> None:
-    """Write --json and --html; a file that cannot be written goes to the temp directory instead."""
+    """Write --json and --html; a file that cannot be written goes to the temp directory instead.
+
+    SIGINT, SIGTERM and SIGHUP wait until both are written: the run is over and its findings are
+    in memory, and a signal in the middle would leave a temp file and no report (milliseconds).
+    """
+    from ampkit._util.signals import signals_deferred
     from ampkit.diagnose import write_html, write_json
 
-    if args.json:
-        _write_one("json", args.json, lambda path: write_json(path, document))
-    if args.html:
-        _write_one("html", args.html, lambda path: write_html(path, result, partial=partial, checkup=checkup))
+    with signals_deferred():
+        if args.json:
+            _write_one("json", args.json, lambda path: write_json(path, document))
+        if args.html:
+            _write_one("html", args.html, lambda path: write_html(path, result, partial=partial, checkup=checkup))
 
 
 def _write_one(flag: str, path: Path, write: Callable[[Path], object]) -> None:
@@ -161,7 +168,7 @@ def _run_script(args: argparse.Namespace) -> int:
 
 
 def _report_script(args: argparse.Namespace, report: Any) -> int:
-    """Print and write what the run found (also after Ctrl-C, SIGTERM, a crash or os._exit); the exit status."""
+    """Print and write what the run found (also after Ctrl-C, SIGTERM, SIGHUP, a crash or os._exit); the exit status."""
     from ampkit.diagnose.report.terminal import render_compiled, render_terminal
     from ampkit.diagnose.script.checkup import checkup_note
 
@@ -179,7 +186,8 @@ def _report_script(args: argparse.Namespace, report: Any) -> int:
     return int(report.doctor_exit_status())
 
 
-_ENDED_WORDS = {"sigint": "SIGINT (Ctrl-C)", "sigterm": "SIGTERM", "exception": "an exception",
+_ENDED_WORDS = {"sigint": "SIGINT (Ctrl-C)", "sigterm": "SIGTERM", "sighup": "SIGHUP (the terminal closed)",
+                "exception": "an exception",
                 "os_exit": "os._exit"}
 
 

@@ -164,7 +164,7 @@ def _checkup_html(checkup: dict[str, Any] | None) -> str:
 def render_html(result: DiagnosisResult | Sequence[Finding], environment: dict[str, Any] | None = None, *,
                 partial: str | None = None, checkup: dict[str, Any] | None = None) -> str:
     """The report page as a string (see ``write_html``); ``partial``: how an unfinished run ended
-    (``sigint``, ``sigterm``, ``exception``, ``os_exit``), shown above the findings; ``checkup``: the
+    (``sigint``, ``sigterm``, ``sighup``, ``exception``, ``os_exit``), shown above the findings; ``checkup``: the
     doctor JSON's ``checkup`` record (``script.checkup``), shown above them too."""
     if not isinstance(result, DiagnosisResult):
         result = DiagnosisResult(findings=sort_findings(list(result)))

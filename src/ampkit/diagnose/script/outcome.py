@@ -58,7 +58,7 @@ class ScriptReport:
         return self.ended is not None
 
     def doctor_exit_status(self) -> int:
-        """``ampkit doctor``'s exit status: 130/143 after SIGINT/SIGTERM, else the script's own non-zero
+        """``ampkit doctor``'s exit status: 130/143/129 after SIGINT/SIGTERM/SIGHUP, else the script's own non-zero
         status, else 1 for an error-severity finding, else 0."""
         if self.ended in SIGNAL_EXIT_STATUS:
             return SIGNAL_EXIT_STATUS[self.ended]

@@ -225,8 +225,8 @@ class _Runner:
             status = _exit_status(exc.code)
         except KeyboardInterrupt:
             status, ended = SIGNAL_EXIT_STATUS["sigint"], "sigint"
-        except ScriptTerminated:
-            status, ended = SIGNAL_EXIT_STATUS["sigterm"], "sigterm"
+        except ScriptTerminated as exc:
+            status, ended = SIGNAL_EXIT_STATUS[exc.ended], exc.ended
         except BaseException as exc:
             status, crash, ended = 1, exc, "exception"
         finally:
@@ -370,7 +370,7 @@ def run_script(
 
         on_os_exit: called with the report when the script calls ``os._exit(status)``; it returns the
             status the process exits with.  ``os._exit`` never returns, so without it the run's
-            findings die with the process.  While the script runs, SIGTERM ends it like Ctrl-C does
+            findings die with the process.  While the script runs, SIGTERM and SIGHUP end it like Ctrl-C does
             (``ScriptReport.ended``).
         compare_compiled: compare the last step compiled vs eager, module by module (``script.compiled``).
             The script itself runs eagerly under the doctor (``ScriptReport.compiled``).
