@@ -3,12 +3,17 @@ kernel hands them to (real signals in real processes that run torch's threads)."
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from ampkit._util.signals import DEFERRED_SIGNALS, signals_deferred
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
 
 # The signal is sent by another thread while the main thread is inside the block; torch's
 # intra-op threads exist too (a matmul started them), so the kernel may hand it to any of them.
@@ -35,7 +40,7 @@ CHILD = textwrap.dedent("""
 
 
 def _child(sig: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", CHILD, sig], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", CHILD, sig], env=ENV, capture_output=True, text=True, timeout=120)
 
 
 def test_signals_deferred_sigint_from_another_thread_raises_after_the_block() -> None:

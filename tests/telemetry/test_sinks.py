@@ -25,8 +25,12 @@ from ampkit.telemetry import (
     TensorBoardSink,
     make_telemetry,
 )
+from tests.helpers.mounts import run_after_mounting, tmpfs
 
 from .telemetry_helpers import batch, train_step
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
 
 
 class Run:
@@ -77,8 +81,56 @@ def test_telemetry_sink_disk_full_is_reported_once_and_training_continues(tiny: 
     failures = [w for w in caught if issubclass(w.category, SinkFailedWarning)]
     assert len(failures) == 1, [str(w.message) for w in failures]
     assert "/dev/full" in str(failures[0].message) and "No space left" in str(failures[0].message)
+    assert "2 record(s) (steps 1-2) were not written" in str(failures[0].message)
     assert full not in tel.sinks and mp.optimizer_steps == 6
     assert [r["step"] for r in kept] == [1, 2, 3, 4, 5, 6]
+
+
+# Trains on a 64 KiB disk until the JSONL file fills it, then copies the file out of the mount
+# (argv[3]) and prints the SinkFailedWarning messages and the steps trained.
+TRAIN_ON_A_SMALL_DISK = """
+import json, shutil, sys, warnings
+import torch, ampkit
+from ampkit.telemetry import JsonlSink, SinkFailedWarning, Telemetry
+path, how, copy = sys.argv[1:4]
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+target = path if how == "path" else open(path, "a")
+mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=Telemetry(sinks=[JsonlSink(target)], flush_every=7))
+mp.prepare(model)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(700):
+        with mp.autocast():
+            loss = model(torch.randn(4, 8)).float().pow(2).mean()
+        mp.backward(loss)
+        mp.step(opt)
+    mp.close()
+shutil.copyfile(path, copy)
+print(json.dumps({"steps": mp.optimizer_steps,
+                  "failures": [str(w.message) for w in caught if issubclass(w.category, SinkFailedWarning)]}))
+"""
+
+
+@pytest.mark.parametrize("how", ["path", "append_mode_file"])
+def test_telemetry_sink_jsonl_on_a_full_disk_keeps_only_whole_lines_and_names_the_lost_steps(
+        tmp_path: Path, how: str) -> None:
+    disk, copy = tmp_path / "disk", tmp_path / "copy.jsonl"
+    disk.mkdir()
+    result = run_after_mounting(tmpfs(disk, "64k"), [sys.executable, "-c", TRAIN_ON_A_SMALL_DISK,
+                                                     str(disk / "t.jsonl"), how, str(copy)], env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert outcome["steps"] == 700, "training goes on after the disk is full"
+    lines = copy.read_text().splitlines(keepends=True)
+    assert 0 < len(lines) < 700, "the 64 KiB disk should fill up part way"
+    assert all(line.endswith("\n") for line in lines), "the last line was cut in the middle"
+    steps = [json.loads(line)["step"] for line in lines]  # every line parses
+    assert steps == list(range(1, len(lines) + 1)) and len(lines) % 7 == 0, "whole flushes only"
+    assert len(outcome["failures"]) == 1, outcome["failures"]
+    assert f"7 record(s) (steps {len(lines) + 1}-{len(lines) + 7}) were not written" in outcome["failures"][0]
+    assert "No space left" in outcome["failures"][0] and "t.jsonl" in outcome["failures"][0]
 
 
 def test_telemetry_sink_file_closed_under_it_is_disabled(tiny: torch.nn.Module, tmp_path: Path) -> None:

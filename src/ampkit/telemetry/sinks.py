@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from ampkit._util.io import append_whole
 from ampkit._util.jsonfloat import NONFINITE_AS_TOKEN, dumps
 
 __all__ = ["CallbackSink", "JsonlSink", "ProgressSink", "Sink", "SinkFailedWarning", "TensorBoardSink", "as_sink"]
@@ -60,6 +61,11 @@ class JsonlSink(Sink):
     Python's ``json`` does (``NaN``, ``Infinity``): ``json.loads`` and pandas read them back.
     With ``fsync=True`` each flush is also forced to disk (a syscall per flush).
     Give each rank its own path (records carry ``"rank"``), e.g. ``f"telemetry-{rank}.jsonl"``.
+
+    A flush is appended whole or not at all (to a path, or to a file opened in append mode): when
+    the disk fills up mid-write, the file is cut back to its last complete line and ``write``
+    raises ``OSError`` naming the file and the steps that were not written.  ``Telemetry`` then
+    reports the sink once and disables it; the records still reach the other sinks.
     """
 
     def __init__(self, target: str | os.PathLike[str] | IO[str], *, fsync: bool = False) -> None:
@@ -71,7 +77,8 @@ class JsonlSink(Sink):
                                  f"{str(path / 'telemetry.jsonl')!r}")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held until close()
+                # Unbuffered: each flush goes out in os.write calls that append_whole can undo.
+                self._file: IO[Any] = open(path, "ab", buffering=0)  # noqa: SIM115 - held until close()
             except OSError as e:
                 raise ValueError(f"JsonlSink({str(target)!r}) cannot open the file for appending: {e}; "
                                  "give a writable path") from e
@@ -84,11 +91,25 @@ class JsonlSink(Sink):
             raise TypeError(f"JsonlSink(target={target!r}): give a path or an open text file")
 
     def write(self, records: Sequence[Record]) -> None:
-        # One write call per flush: lines of a flush are not interleaved with another writer's.
-        self._file.write("".join(dumps(r, NONFINITE_AS_TOKEN) + "\n" for r in records))
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        if not records:
+            return
+        # One write per flush: lines of a flush are not interleaved with another writer's.
+        text = "".join(dumps(r, NONFINITE_AS_TOKEN) + "\n" for r in records)
+        if not (self._owned or "a" in getattr(self._file, "mode", "")):
+            self._file.write(text)  # a stream we cannot cut back (StringIO, stdout, a file opened "w")
+            self._file.flush()
+            if self.fsync:
+                os.fsync(self._file.fileno())
+            return
+        self._file.flush()  # the caller's own buffered lines go first; also raises on a closed file
+        try:
+            append_whole(self._file.fileno(), text.encode("utf-8"), fsync=self.fsync)
+        except OSError as e:
+            first, last = records[0].get("step"), records[-1].get("step")
+            steps = f"step {first}" if first == last else f"steps {first}-{last}"
+            raise OSError(e.errno, f"{e.strerror}: {len(records)} record(s) ({steps}) were not written to "
+                                   f"{self.name!r}; a partial last line is cut off, so every line in the file is "
+                                   "a whole record") from e
 
     def close(self) -> None:
         if self._owned and not self._file.closed:
