@@ -31,15 +31,16 @@ def test_imports_public_names_resolve_lazily() -> None:
 def test_imports_lint_fix_rewrites_without_torch_or_numpy(tmp_path) -> None:
     # --fix adds the rewrite and the atomic writer (ampkit._util.io) to the plain lint run; neither
     # may pull in torch or numpy.  Beyond what `import ampkit` itself loads (the lazy package face),
-    # the lint package loads nothing of ampkit but lint and _util.io (the CLI's other subcommands
-    # are registered by cli.main, so that is checked first).
+    # the lint package loads nothing of ampkit but lint and _util.io, with the one helper io uses,
+    # _util.signals (the CLI's other subcommands are registered by cli.main, so that is checked first).
     target = tmp_path / "train.py"
     target.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
     code = (
         "import sys\nimport ampkit\nface = set(sys.modules)\n"
         "import ampkit.lint.checker, ampkit.lint.fix, ampkit.lint.output\n"
         "outside = sorted(m for m in set(sys.modules) - face if m.startswith('ampkit.')"
-        " and not m.startswith('ampkit.lint') and m not in ('ampkit._util', 'ampkit._util.io'))\n"
+        " and not m.startswith('ampkit.lint')"
+        " and m not in ('ampkit._util', 'ampkit._util.io', 'ampkit._util.signals'))\n"
         "assert outside == [], f'ampkit.lint imported {outside}'\n"
         "from ampkit.cli.main import main\n"
         f"rc = main(['lint', '--fix', {str(target)!r}])\n"
