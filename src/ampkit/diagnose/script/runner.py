@@ -45,13 +45,13 @@ from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
+from ampkit.diagnose.script.models import Capture
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.replay import replay_capture, replay_precision
 from ampkit.diagnose.script.rules import finalize
 from ampkit.diagnose.script.state import Sampler
 from ampkit.diagnose.script.target import defined_tasks, require_module
-from ampkit.diagnose.script.watchers.model import Capture
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.findings import Finding
 
