@@ -37,6 +37,7 @@ from ampkit.diagnose.script.watchers.autocast import AutocastWatch
 from ampkit.diagnose.script.watchers.base import overrides
 from ampkit.diagnose.script.watchers.casts import CastWatch
 from ampkit.diagnose.script.watchers.compile import CompileWatch
+from ampkit.diagnose.script.watchers.fork import ForkWatch
 from ampkit.diagnose.script.watchers.frameworks import FrameworkWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.optim import OptimWatch
@@ -114,6 +115,7 @@ class Context:
     optim = _WatcherOf(OptimWatch)
     checkpoints = _WatcherOf(CheckpointWatch)
     compiles = _WatcherOf(CompileWatch)
+    forks = _WatcherOf(ForkWatch)
     code = property(lambda self: self.state.frames)
     models = property(lambda self: self.state.models)
     ledger = property(lambda self: self.state.ledger)
@@ -169,11 +171,11 @@ class Context:
         for watch in self.watchers:
             watch.install(patches)
         self.models.set_discovery(True)
-        patches.handle(_Remover(self.models.remove))
+        patches.on_restore(self.models.remove)
         # torch.compile warns about global module hooks; the doctor's are no-ops inside compiled code.
         warnings.filterwarnings("ignore", message=COMPILE_HOOK_WARNING)
         entry = warnings.filters[0]
-        patches.handle(_Remover(lambda: _drop_filter(entry)))
+        patches.on_restore(lambda: _drop_filter(entry))
 
     def finish(self) -> None:
         """The run ended: each watcher adds its end-of-run findings (after the pending reads are flushed)."""
@@ -309,11 +311,6 @@ class Context:
         self.sampler.boost(failure.step - 1)  # the Sampler counts from 0
         if self.on_failure is not None:
             self.on_failure(failure)
-
-
-class _Remover:
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.remove = fn
 
 
 def _drop_filter(entry: Any) -> None:

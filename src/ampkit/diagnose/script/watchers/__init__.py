@@ -12,6 +12,7 @@ from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.diagnose.script.watchers.casts import CastWatch
 from ampkit.diagnose.script.watchers.compile import CompileWatch
 from ampkit.diagnose.script.watchers.engine import EngineWatch
+from ampkit.diagnose.script.watchers.fork import ForkWatch
 from ampkit.diagnose.script.watchers.frameworks import FrameworkWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.optim import OptimWatch
@@ -29,5 +30,6 @@ WATCHERS: tuple[type[Watcher], ...] = (
     CheckpointWatch,
     CompileWatch,
     EngineWatch,
+    ForkWatch,
 )
 """Every watcher, in install order."""
