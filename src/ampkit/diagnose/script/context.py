@@ -94,6 +94,7 @@ class Context:
         self.services = Services.build(self.state)
         self.watchers: list[Watcher] = [cls(**self.services.arguments(cls)) for cls in WATCHERS]
         """One of each registered watcher, in ``WATCHERS`` order."""
+        self._by_class: dict[type[Watcher], Watcher] = {type(w): w for w in self.watchers}
         self._forward_watchers = [w for w in self.watchers if overrides(w, "on_root_forward")]
         """The watchers called on every forward (the others' no-op would cost a call each)."""
         self.forwards = _Forwards()
@@ -135,9 +136,9 @@ class Context:
         Raises:
             LookupError: ``cls`` is not in ``watchers.WATCHERS``.
         """
-        for w in self.watchers:
-            if type(w) is cls:
-                return w  # type: ignore[return-value]
+        watcher = self._by_class.get(cls)
+        if isinstance(watcher, cls):
+            return watcher
         raise LookupError(f"no {cls.__qualname__} among the watchers; register it in watchers.WATCHERS")
 
     @property
