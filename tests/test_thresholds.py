@@ -10,7 +10,7 @@ import torch
 
 from ampkit.diagnose.core.perf import speed_outcome
 from ampkit.diagnose.script.rules import _collapsed
-from ampkit.diagnose.script.watchers.scaler import ScalerInfo
+from ampkit.diagnose.script.services.scalers import ScalerInfo
 from ampkit.diagnose.step.compare import GradComparison, precision_findings, underflow_finding
 from ampkit.findings import Finding
 from ampkit.thresholds import THRESHOLDS, Threshold, as_borderline, is_borderline

@@ -66,6 +66,7 @@ CODES: dict[str, Severity] = {
     "COMPILED_DIVERGENCE": "warning",
     "FP8_FLUSH": "warning",
     "SLOW_FP8_GEMM": "warning",
+    "FORKED_CHILD_UNOBSERVED": "info",
 }
 
 

@@ -29,6 +29,7 @@ module, and reports COMPILED_DIVERGENCE for each module that differs beyond its 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -172,6 +173,10 @@ def _report_script(args: argparse.Namespace, report: Any) -> int:
     from ampkit.diagnose.report.terminal import render_compiled, render_terminal
     from ampkit.diagnose.script.checkup import checkup_note
 
+    if report.forked_child:  # the parent reports the run; this child's report would replace its files
+        print(f"ampkit doctor: process {os.getpid()} is a child the script forked; only the process the doctor "
+              "started is reported, so nothing is printed or written for this one", file=sys.stderr)
+        return int(report.exit_status)
     how = f"ended by {_ENDED_WORDS[report.ended]}; findings so far" if report.partial else "findings"
     print(f"\nampkit doctor: {report.script} ran {report.steps} optimizer step(s), exit status "
           f"{report.exit_status}; {len(report.findings)} finding(s) ({how})", file=sys.stdout)

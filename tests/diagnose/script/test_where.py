@@ -11,7 +11,7 @@ from torch import nn
 
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.script.errors import explain_exception
-from ampkit.diagnose.script.watchers.model import ModelWatch
+from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.where import Where, where_now, where_raised, where_sentence
 
 FRAMES = UserFrames([Path(__file__).parent])

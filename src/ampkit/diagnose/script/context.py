@@ -1,8 +1,11 @@
 """All script watchers behind one ``Context``: install, observe, detect failures, restore.
 
-``Context`` builds the state the watchers share (``state.WatchState``: the iteration counter,
-the findings ledger, the deferred reads, the sampler) and turns two signals into failures worth a replay: a step
-the GradScaler skipped, and a non-finite loss.
+``Context`` builds the services the watchers share (``script.services.Services``: the
+``state.WatchState`` with the iteration counter, the findings ledger, the deferred reads and the
+sampler; the scaler and optimizer registries, the autocast regions, the cast sites), then one
+watcher of each class in ``watchers.WATCHERS``, each given the services its constructor names.
+It turns two signals into failures worth a replay: a step the GradScaler skipped, and a
+non-finite loss.
 
 Sampling (what keeps an unproblematic script within 1.5x of its plain run time): the first
 ``Sampler.warmup`` iterations, every ``Sampler.period``-th one, and a few after any failure are
@@ -19,28 +22,31 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.models import Capture, ModelWatch
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.services import ScalerRegistry, Services
 from ampkit.diagnose.script.state import Sampler, WatchState
+from ampkit.diagnose.script.watchers import WATCHERS, Watcher
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
-from ampkit.diagnose.script.watchers.backward import BackwardWatch
+from ampkit.diagnose.script.watchers.base import overrides
 from ampkit.diagnose.script.watchers.casts import CastWatch
 from ampkit.diagnose.script.watchers.compile import CompileWatch
-from ampkit.diagnose.script.watchers.engine import EngineWatch
+from ampkit.diagnose.script.watchers.fork import ForkWatch
 from ampkit.diagnose.script.watchers.frameworks import FrameworkWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
-from ampkit.diagnose.script.watchers.model import Capture, ModelWatch
 from ampkit.diagnose.script.watchers.optim import OptimWatch
-from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 from ampkit.diagnose.step.compiled import COMPILE_HOOK_WARNING
 from ampkit.findings import nonfinite_input
 
 __all__ = ["Context", "Failure"]
+
+W = TypeVar("W", bound=Watcher)
 
 
 @dataclass
@@ -66,6 +72,16 @@ class _Forwards:
     devices: set[str] = field(default_factory=set)
 
 
+class _WatcherOf(Generic[W]):
+    """``ctx.<name>``: the context's watcher of class ``cls`` (the names the rules and the runner read)."""
+
+    def __init__(self, cls: type[W]) -> None:
+        self.cls = cls
+
+    def __get__(self, ctx: Context, owner: type | None = None) -> W:
+        return ctx.watcher(self.cls)
+
+
 class Context:
     """Shared observer state.  ``install(patches)`` hooks torch; ``patches.restore()`` undoes it."""
 
@@ -75,17 +91,12 @@ class Context:
         self._lock = threading.Lock()
         models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller, user_frame=code.caller_frame)
         self.state = WatchState(frames=code, models=models, signals=self, sampler=sampler or Sampler())
-        self.autocast = AutocastWatch(self.state)
-        self.casts = CastWatch(self.state)
-        self.frameworks = FrameworkWatch(self.state)
-        self.optim = OptimWatch(self.state, autocast=self.autocast, casts=self.casts)
-        self.backward = BackwardWatch(self.state)
-        self.scalers = ScalerWatch(self.state, optim=self.optim, backward=self.backward)
-        # optimizer steps and backward calls consult the scalers that guard them, and vice versa
-        self.optim.scalers = self.backward.scalers = self.scalers
-        self.checkpoints = CheckpointWatch(self.state, scalers=self.scalers)
-        self.compiles = CompileWatch(self.state)
-        self.engines = EngineWatch(self.state, scalers=self.scalers)
+        self.services = Services.build(self.state)
+        self.watchers: list[Watcher] = [cls(**self.services.arguments(cls)) for cls in WATCHERS]
+        """One of each registered watcher, in ``WATCHERS`` order."""
+        self._by_class: dict[type[Watcher], Watcher] = {type(w): w for w in self.watchers}
+        self._forward_watchers = [w for w in self.watchers if overrides(w, "on_root_forward")]
+        """The watchers called on every forward (the others' no-op would cost a call each)."""
         self.forwards = _Forwards()
         self.skips: dict[int, str] = {}
         self.cause_of: dict[str, str] = {}
@@ -98,7 +109,14 @@ class Context:
         self.norm_bad: dict[str, tuple[int, int, bool]] = {}
         """module name -> (first step seen, non-finite count, seen right after a skipped step)."""
 
-    # The shared state, under the names the rules and the runner read.
+    # The watchers and the shared state, under the names the rules and the runner read.
+    autocast = _WatcherOf(AutocastWatch)
+    casts = _WatcherOf(CastWatch)
+    frameworks = _WatcherOf(FrameworkWatch)
+    optim = _WatcherOf(OptimWatch)
+    checkpoints = _WatcherOf(CheckpointWatch)
+    compiles = _WatcherOf(CompileWatch)
+    forks = _WatcherOf(ForkWatch)
     code = property(lambda self: self.state.frames)
     models = property(lambda self: self.state.models)
     ledger = property(lambda self: self.state.ledger)
@@ -106,6 +124,22 @@ class Context:
     sampler = property(lambda self: self.state.sampler)
     loss_nonfinite = property(lambda self: self.state.loss_nonfinite)
     locations = property(lambda self: self.state.locations)
+
+    @property
+    def scalers(self) -> ScalerRegistry:
+        """The loss scalers of the run (``services.scalers``)."""
+        return self.services.scalers
+
+    def watcher(self, cls: type[W]) -> W:
+        """The context's watcher of class ``cls``.
+
+        Raises:
+            LookupError: ``cls`` is not in ``watchers.WATCHERS``.
+        """
+        watcher = self._by_class.get(cls)
+        if isinstance(watcher, cls):
+            return watcher
+        raise LookupError(f"no {cls.__qualname__} among the watchers; register it in watchers.WATCHERS")
 
     @property
     def iteration(self) -> int:
@@ -135,15 +169,19 @@ class Context:
             self.models.paused = before
 
     def install(self, patches: PatchSet) -> None:
-        for watch in (self.autocast, self.casts, self.frameworks, self.optim, self.scalers, self.backward,
-                      self.checkpoints, self.compiles, self.engines):
+        for watch in self.watchers:
             watch.install(patches)
         self.models.set_discovery(True)
-        patches.handle(_Remover(self.models.remove))
+        patches.on_restore(self.models.remove)
         # torch.compile warns about global module hooks; the doctor's are no-ops inside compiled code.
         warnings.filterwarnings("ignore", message=COMPILE_HOOK_WARNING)
         entry = warnings.filters[0]
-        patches.handle(_Remover(lambda: _drop_filter(entry)))
+        patches.on_restore(lambda: _drop_filter(entry))
+
+    def finish(self) -> None:
+        """The run ended: each watcher adds its end-of-run findings (after the pending reads are flushed)."""
+        for watch in self.watchers:
+            watch.finish()
 
     def note_location(self, what: str, location: str | None) -> None:
         self.state.note_location(what, location)
@@ -152,7 +190,8 @@ class Context:
     def _on_root_forward(self, cap: Capture) -> None:
         with self._lock:  # forwards of several threads: the counters must not lose an increment
             self._count_forward(cap)
-        self.autocast.on_root_forward(cap)
+        for watch in self._forward_watchers:
+            watch.on_root_forward(cap)
 
     def _count_forward(self, cap: Capture) -> None:
         f = self.forwards
@@ -273,11 +312,6 @@ class Context:
         self.sampler.boost(failure.step - 1)  # the Sampler counts from 0
         if self.on_failure is not None:
             self.on_failure(failure)
-
-
-class _Remover:
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.remove = fn
 
 
 def _drop_filter(entry: Any) -> None:

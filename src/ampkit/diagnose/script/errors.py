@@ -23,8 +23,8 @@ from torch import nn
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.order import explain_order
-from ampkit.diagnose.script.watchers.model import ModelWatch
 from ampkit.diagnose.script.where import Where, where_raised
 from ampkit.findings import Finding
 

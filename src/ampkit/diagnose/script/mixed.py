@@ -24,7 +24,7 @@ from ampkit.findings import accelerate_fp16_off, mixed_precision_off
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.context import Context
-    from ampkit.diagnose.script.watchers.scaler import ScalerInfo
+    from ampkit.diagnose.script.services.scalers import ScalerInfo
 
 __all__ = ["fp32_note", "mixed_precision_record", "report_mixed_precision_off", "requested_flags",
            "scaler_off_too", "trained_in"]

@@ -47,6 +47,9 @@ class ScriptReport:
     """``--compare-compiled``: the module-by-module comparison (``step.compiled.CompiledComparison``)."""
     checkup: dict[str, Any] = field(default_factory=dict)
     """Whether the end-of-run fp32 checkup ran, on which step, else why not (``script.checkup``)."""
+    forked_child: bool = False
+    """This process is a child the script forked (``watchers.fork``): the report of the run is the parent's,
+    so ``ampkit doctor`` neither prints nor writes this one."""
 
     @property
     def has_errors(self) -> bool:

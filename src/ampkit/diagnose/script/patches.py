@@ -74,6 +74,10 @@ class PatchSet:
         """Keep a ``RemovableHandle`` (or anything with ``remove()``) to remove on restore."""
         self._undo.append(handle)
 
+    def on_restore(self, undo: Callable[[], None]) -> None:
+        """Call ``undo()`` on restore, in its place in the reverse order (for a change without a handle)."""
+        self._undo.append(_Remover(undo))
+
     def restore(self) -> None:
         while self._undo:
             item = self._undo.pop()

@@ -21,8 +21,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.script.models import Capture
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.watchers.model import Capture
 from ampkit.diagnose.step.api import diagnose_program
 from ampkit.diagnose.step.programs import OutputGradProgram, usable_seed
 from ampkit.diagnose.step.result import DiagnosisResult

@@ -20,7 +20,7 @@ from ampkit.thresholds import THRESHOLDS, Outcome, as_borderline
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.context import Context
-    from ampkit.diagnose.script.watchers.scaler import ScalerInfo
+    from ampkit.diagnose.script.services.scalers import ScalerInfo
 
 __all__ = ["COLLAPSE_STEADY_FRACTION", "finalize", "slow_low_precision"]
 COLLAPSE_STEADY_FRACTION = THRESHOLDS["SCALE_COLLAPSE"].threshold
@@ -42,7 +42,7 @@ def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool =
     _norm_stats(ctx)
     if measure_speed:
         _slow_low_precision(ctx)
-    ctx.checkpoints.finalize()
+    ctx.finish()
 
 
 def _collapsed(info: ScalerInfo, skips: dict[int, str], iterations: int) -> tuple[Outcome, str, float | None]:

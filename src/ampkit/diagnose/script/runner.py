@@ -45,13 +45,13 @@ from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
+from ampkit.diagnose.script.models import Capture
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.replay import replay_capture, replay_precision
 from ampkit.diagnose.script.rules import finalize
 from ampkit.diagnose.script.state import Sampler
 from ampkit.diagnose.script.target import defined_tasks, require_module
-from ampkit.diagnose.script.watchers.model import Capture
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.findings import Finding
 
@@ -241,7 +241,12 @@ class _Runner:
 
     def _conclude(self, status: int, ended: str | None, crash: BaseException | None) -> ScriptReport:
         """The report of what was observed so far; after a signal, without the checkup replay
-        (seconds of work the user just asked to stop)."""
+        (seconds of work the user just asked to stop); in a child the script forked, nothing (the
+        parent reports the run: ``watchers.fork``)."""
+        script = str(self.path) if self.path else f"-m {self.target}"
+        if self.ctx.forks.child:
+            return ScriptReport(script=script, argv=self.args, findings=[], exit_status=status, ended=ended,
+                                forked_child=True)
         if ended in SIGNAL_EXIT_STATUS:
             print(f"ampkit doctor: {ended.upper()} at step {self.ctx.step}; reporting the findings so far",
                   file=sys.stderr)
@@ -258,7 +263,7 @@ class _Runner:
         findings = self.ctx.casts.annotate(_with_verified_fix(merge_replayed_findings(process, replayed),
                                                               self.diagnoses), models)
         return ScriptReport(
-            script=str(self.path) if self.path else f"-m {self.target}", argv=self.args, findings=findings,
+            script=script, argv=self.args, findings=findings,
             diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.steps, replays=self.replays,
             device=str(self.ctx.models.last.device) if self.ctx.models.last is not None else None,
             scalers=self._scaler_summary(), ended=ended, tasks=defined_tasks(self._globals),

@@ -17,7 +17,7 @@ from ampkit._util.frames import UserFrames
 from ampkit._util.host import DeferredReads
 from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.ledger import Ledger
-from ampkit.diagnose.script.watchers.model import ModelWatch
+from ampkit.diagnose.script.models import ModelWatch
 
 __all__ = ["Sampler", "StepSignals", "WatchState"]
 

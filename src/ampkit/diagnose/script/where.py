@@ -32,7 +32,7 @@ from typing import Any
 from torch import nn
 
 from ampkit._util.frames import UserFrames
-from ampkit.diagnose.script.watchers.model import ModelWatch
+from ampkit.diagnose.script.models import ModelWatch
 
 __all__ = ["CHAIN_LIMIT", "PHASES", "Where", "where_now", "where_raised", "where_sentence"]
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn
 
+from ampkit.diagnose.script.watchers.backward import BackwardWatch
 from diagnose.script.observe import observe
+from diagnose.script.watchers.alone import watching
+
+HERE = Path(__file__).relative_to(Path.cwd())
 
 
 def test_doctor_observers_no_loss_scaling_fix_points_at_the_scaler_the_script_has() -> None:
@@ -20,3 +27,21 @@ def test_doctor_observers_no_loss_scaling_fix_points_at_the_scaler_the_script_ha
     [without] = [f for f in observe(lambda: loop(False)).ledger.findings() if f.code == "NO_LOSS_SCALING"]
     assert "that GradScaler is off" in with_scaler.fix and "enabled=True" in with_scaler.fix
     assert without.fix.startswith("scale the loss: `scaler = torch.amp.GradScaler(device)`")
+
+
+def test_backward_watch_alone_judges_the_loss_and_signals_a_nonfinite_one() -> None:
+    model = nn.Linear(4, 2)
+    with watching(BackwardWatch) as w:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(3, 4)).pow(2).mean()  # an fp16 scalar, and no loss scaling
+        line = sys._getframe().f_lineno + 1
+        loss.backward()
+        model(torch.full((3, 4), float("inf"))).sum().backward()  # fp32, non-finite
+        codes = w.codes()
+    assert sorted(codes) == ["LOSS_IN_LOW_PRECISION", "NO_LOSS_SCALING"]
+    for f in w.state.ledger.findings():
+        assert f.location == f"{HERE}:{line}" and f.step == 1
+    assert w.state.ledger.findings()[codes.index("LOSS_IN_LOW_PRECISION")].evidence["loss_dtype"] == "fp16"
+    assert w.watcher.fp16_unscaled == [1]
+    assert w.signals.calls == [("loss", 1, False), ("loss", 1, True)]
+    assert w.services.scalers.backwards_since_update == 2

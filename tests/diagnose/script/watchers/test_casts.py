@@ -10,9 +10,12 @@ import torch
 from torch import nn
 
 from ampkit.diagnose.script.runner import run_script
+from ampkit.diagnose.script.watchers.casts import CastWatch
 from diagnose.script.observe import observe
+from diagnose.script.watchers.alone import watching
 
 HELPERS = Path(__file__).parents[3] / "integrations"
+HERE = Path(__file__).relative_to(Path.cwd())
 
 
 def _here(fn: object, offset: int) -> str:
@@ -136,3 +139,15 @@ def test_low_precision_params_names_a_lightning_true_precision_conversion(tmp_pa
     assert f.evidence["made_low_precision"]["kind"] == "framework"
     assert f"lightning converted them to bf16 with `.to(torch.bfloat16)` during the call at {_here(train, 3)}" in f.message
     assert "precision='bf16-mixed'" in f.fix
+
+
+def test_cast_watch_alone_records_where_parameters_became_low_precision() -> None:
+    with watching(CastWatch) as w:
+        model, kept = nn.Linear(2, 2), nn.Linear(2, 2)
+        line = sys._getframe().f_lineno + 1
+        model.to(torch.bfloat16)
+        kept.double()  # not fp16/bf16: no site
+    site = w.services.casts.origin(model.parameters())
+    assert site is not None and (site.how, site.dtype, site.kind, site.location) == (
+        ".to(torch.bfloat16)", "bf16", "cast", f"{HERE}:{line}")
+    assert w.services.casts.origin(kept.parameters()) is None and len(w.services.casts) == 2

@@ -3,12 +3,18 @@ its line, and a compiled model or step is diagnosed with the eager model's modul
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from ampkit.diagnose.script.runner import ScriptReport, run_script
+from ampkit.diagnose.script.watchers.compile import CompileWatch
+from diagnose.script.watchers.alone import watching
+
+HERE = Path(__file__).relative_to(Path.cwd())
 
 # A forward overflow inside a submodule (block.scale); COMPILE is replaced per variant.
 OVERFLOW = """
@@ -114,3 +120,18 @@ def test_compile_watch_records_each_form_and_runs_it_eagerly(tmp_path: Path) -> 
         ("function", "tuned", "16", {"mode": "reduce-overhead"}),
     ]
     assert torch.compile is original
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile")  # the models service's discovery hooks are on
+def test_compile_watch_alone_records_the_call_and_runs_the_module_eagerly() -> None:
+    model = torch.nn.Linear(2, 2)
+    with watching(CompileWatch) as w:
+        line = sys._getframe().f_lineno + 1
+        compiled = torch.compile(model, mode="reduce-overhead", disable=False)
+        torch.compile(model, disable=True)  # compiles nothing: not a call to report
+    assert compiled._orig_mod is model
+    [call] = w.watcher.calls
+    assert call.to_dict() == {"location": f"{HERE}:{line}", "kind": "module", "target": "Linear",
+                              "options": {"mode": "reduce-overhead"}}
+    x = torch.randn(3, 2)
+    assert torch.equal(compiled(x), model(x))

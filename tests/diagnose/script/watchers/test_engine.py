@@ -9,10 +9,11 @@ from torch import nn
 from typing_extensions import override
 
 import ampkit
-from ampkit.diagnose.script.watchers.engine import DoctorEngineHook
+from ampkit.diagnose.script.watchers.engine import DoctorEngineHook, EngineWatch
 from ampkit.engine import Engine
 from ampkit.hooks import EngineHook
 from diagnose.script.observe import observe
+from diagnose.script.watchers.alone import watching
 
 
 def _train(steps: int, *, clip: str = "none", overflow: bool = False, hooks: Sequence[EngineHook] = ()) -> None:
@@ -77,3 +78,16 @@ class _ClipAfterUnscale(EngineHook):
 def test_engine_watch_clip_in_a_hook_after_the_unscale_is_clean() -> None:
     ctx = observe(lambda: _train(2, hooks=[_ClipAfterUnscale()]))
     assert ctx.ledger.findings() == []
+
+
+def test_engine_watch_alone_feeds_the_scaler_registry_and_signals_each_step() -> None:
+    with watching(EngineWatch) as w:
+        _train(1)
+        _train(1, overflow=True)
+        ampkit.MixedPrecision("bf16", device="cpu")  # scales nothing: not watched
+    first, second = w.services.scalers.infos
+    assert (first.engine, first.built_as, first.used, first.init_scale) == (True, "ampkit.MixedPrecision", 1, 2.0**16)
+    assert [s for _, s in first.scales] == [2.0**16] and [s for _, s in second.scales] == [2.0**15]
+    assert w.signals.calls == [("scaler_found", 1, 0.0, True), ("end_iteration",),
+                               ("scaler_found", 1, 1.0, True), ("end_iteration",)]
+    assert len(w.watcher.hooks) == 2 and w.services.scalers.in_step == 0

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from ampkit.diagnose.script.mixed import mixed_precision_record
+from ampkit.diagnose.script.watchers.frameworks import FrameworkRequest, FrameworkWatch
 from diagnose.script.observe import observe
+from diagnose.script.watchers.alone import watching
 
 HELPERS = Path(__file__).parents[3] / "integrations"
 
@@ -45,3 +47,14 @@ def test_framework_watch_reports_nothing_for_trainer_bf16_on_cpu(hf_helpers: obj
     ctx = observe(lambda: hf_helpers.trainer(tmp_path, steps=1, bf16=True).train())  # type: ignore[attr-defined]
     assert [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"] == []
     assert ctx.frameworks.requests[0].setting == "TrainingArguments(bf16=True)"
+
+
+def test_framework_watch_alone_records_the_training_arguments_that_ask_for_low_precision(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    with watching(FrameworkWatch) as w:
+        TrainingArguments(str(tmp_path), use_cpu=True, report_to=[])
+        line = sys._getframe().f_lineno + 1
+        TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], bf16=True)
+    at = f"{Path(__file__).relative_to(Path.cwd())}:{line}"
+    assert w.watcher.requests == [FrameworkRequest("TrainingArguments(bf16=True)", "bf16", at, "Trainer")]

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from ampkit.diagnose.script.watchers.io import checkpoint_contents
+from ampkit.diagnose.script.watchers.io import CheckpointWatch, checkpoint_contents
 from diagnose.script.observe import observe
+from diagnose.script.watchers.alone import watching
+
+HERE = Path(__file__).relative_to(Path.cwd())
 
 
 def test_doctor_observers_checkpoint_contents_recognises_states() -> None:
@@ -64,3 +68,20 @@ def test_doctor_observers_checkpoint_without_the_state_of_a_scaler_off_here_is_l
     assert "disabled on this machine (no CUDA device)" in latent.message
     kept = observe(lambda: train(True)).ledger.findings()
     assert "CHECKPOINT_MISSING_SCALER" not in {f.code for f in kept}
+
+
+def test_checkpoint_watch_alone_reports_a_resumable_checkpoint_without_the_scaler_at_the_end(tmp_path: Path) -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watching(CheckpointWatch) as w:
+        w.services.scalers.info(torch.amp.GradScaler("cpu"))  # as the scaler watcher registers one
+        torch.save({"model": model.state_dict()}, tmp_path / "weights.pt")  # not resumable: fine
+        line = sys._getframe().f_lineno + 1
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "ckpt.pt")
+        torch.load(tmp_path / "ckpt.pt")
+    assert w.codes() == []  # judged over the whole run, at finish
+    w.watcher.finish()
+    found = {f.location: f for f in w.state.ledger.findings()}
+    assert set(found) == {f"{HERE}:{line}", f"{HERE}:{line + 1}"}
+    assert all(f.code == "CHECKPOINT_MISSING_SCALER" for f in found.values())
+    assert found[f"{HERE}:{line}"].evidence["contents"] == ["model", "optimizer"]

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 from ampkit.findings import Finding
 from diagnose.script.observe import observe
+from diagnose.script.watchers.alone import watching
+
+HERE = Path(__file__).relative_to(Path.cwd())
 
 
 def test_doctor_observers_clip_after_unscale_is_clean_and_before_is_not() -> None:
@@ -112,3 +118,41 @@ def test_doctor_observers_scaler_records_how_it_was_built_and_why_it_is_off() ->
     assert [i.built_as for i in infos] == ["torch.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.GradScaler"]
     cuda_off = None if torch.cuda.is_available() else "no_cuda"
     assert [i.off_reason() for i in infos] == [None, "enabled_false", cuda_off]
+
+
+def test_scaler_watch_alone_records_the_scaler_and_signals_a_skipped_step() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watching(ScalerWatch) as w:
+        line = sys._getframe().f_lineno + 1
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        for x in (torch.ones(1, 2), torch.full((1, 2), float("inf"))):
+            scaler.scale(model(x).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        w.state.pending.flush()
+    [info] = w.services.scalers.infos
+    assert (info.location, info.built_as, info.init_scale, info.used) == (f"{HERE}:{line}", "torch.amp.GradScaler",
+                                                                          1024.0, 2)
+    assert [s for _, s in info.scales] == [1024.0, 512.0]
+    assert w.signals.calls == [("scaler_found", 1, 0.0, True), ("end_iteration",),
+                               ("scaler_found", 1, 1.0, True), ("end_iteration",)]
+
+
+def test_scaler_watch_alone_reports_clipping_and_a_direct_step_on_scaled_gradients() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watching(ScalerWatch) as w:
+        scaler = torch.amp.GradScaler("cpu")
+        scaled = scaler.scale(model(torch.ones(1, 2)).sum())
+        assert w.services.scalers.scaled_source(scaled) is not None  # the backward watcher's question
+        scaled.backward()
+        line = sys._getframe().f_lineno + 1
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    found = {f.code: f for f in w.state.ledger.findings()}
+    assert set(found) == {"CLIP_BEFORE_UNSCALE", "UNSCALE_ORDER_ERROR"}
+    assert found["CLIP_BEFORE_UNSCALE"].location == f"{HERE}:{line}"
+    assert found["CLIP_BEFORE_UNSCALE"].evidence["function"] == "clip_grad_norm_"
+    assert found["UNSCALE_ORDER_ERROR"].location == f"{HERE}:{line + 1}"
+    assert w.services.scalers.direct_steps == 1

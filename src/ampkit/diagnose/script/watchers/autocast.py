@@ -11,17 +11,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
-from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.services.autocast import AutocastRegions
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 
 _DECORATOR_FILE = torch.amp.autocast_mode.__file__
 """Where ``@torch.autocast(...)`` enters its instance (``autocast_decorator``)."""
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
-    from ampkit.diagnose.script.watchers.model import Capture
+    from ampkit.diagnose.script.models import Capture
 
 __all__ = ["AutocastRequest", "AutocastWatch"]
 
@@ -35,25 +37,19 @@ class AutocastRequest:
     entered: int = 0
 
 
-class AutocastWatch:
-    """Autocast regions (outermost ``with`` blocks, the scope of autocast's weight-cast cache).
+class AutocastWatch(Watcher):
+    """Autocast objects built and entered, and the regions they open (``AutocastRegions``: outermost
+    ``with`` blocks, the scope of autocast's weight-cast cache)."""
 
-    Autocast is thread-local in torch, so is a region: its depth and what happened inside it.
-    """
-
-    depth = PerThread(int)
-    region_location: PerThread[str | None] = PerThread(lambda: None)
-    region_stepped: PerThread[str | None] = PerThread(lambda: None)
-    """Where an optimizer stepped inside this thread's current region (its cached casts are stale)."""
-
-    def __init__(self, state: WatchState) -> None:
+    def __init__(self, state: WatchState, *, regions: AutocastRegions) -> None:
         self.state = state
-        self.region = 0
+        self.regions = regions
         self.requests: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
         """Autocast objects entered, by (line, device type, dtype)."""
         self.built: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
         """Autocast objects built, entered or not (``entered`` stays 0 here; see ``requests``)."""
 
+    @override
     def install(self, patches: PatchSet) -> None:
         cls = torch.amp.autocast_mode.autocast
         patches.wrap(cls, "__init__", self._wrap_init)
@@ -87,12 +83,8 @@ class AutocastWatch:
             ac._ampkit_paused = self.state.paused
             if self.state.paused:
                 return out
-            self.depth += 1
-            if self.depth == 1:
-                self.region += 1
-                self.region_stepped = None
-                self.region_location = getattr(ac, "_ampkit_location", None)
             loc = getattr(ac, "_ampkit_location", None)
+            self.regions.enter(loc)
             key = (loc, str(ac.device), ac.fast_dtype)
             req = self.requests.get(key)
             if req is None:
@@ -113,7 +105,7 @@ class AutocastWatch:
                 return orig(ac, *exc)
             finally:
                 if not getattr(ac, "_ampkit_paused", False):
-                    self.depth = max(0, self.depth - 1)
+                    self.regions.exit()
         return __exit__
 
     def _note_framework_entry(self, ac: Any) -> None:
@@ -126,18 +118,17 @@ class AutocastWatch:
         marker = ac if name == _DECORATOR_FILE else (name, frame.f_lineno)
         self.state.models.on_autocast_enter(str(ac.device), ac.fast_dtype, marker)
 
-    def any_enabled(self) -> bool:
-        return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda") if torch.amp.is_autocast_available(d))
-
+    @override
     def on_root_forward(self, cap: Capture) -> None:
         """STALE_WEIGHT_CACHE: a forward inside the region in which an optimizer already stepped."""
-        if self.region_stepped is None or not cap.autocast_enabled or not torch.is_autocast_cache_enabled():
+        regions = self.regions
+        if regions.region_stepped is None or not cap.autocast_enabled or not torch.is_autocast_cache_enabled():
             return
         self.state.ledger.add(
-            "STALE_WEIGHT_CACHE", key=self.region_location,
+            "STALE_WEIGHT_CACHE", key=regions.region_location,
             message=(
-                f"the optimizer stepped at {self.region_stepped} inside the autocast region opened at "
-                f"{self.region_location}, and the model ran forward again in the same region: autocast "
+                f"the optimizer stepped at {regions.region_stepped} inside the autocast region opened at "
+                f"{regions.region_location}, and the model ran forward again in the same region: autocast "
                 f"caches the {dtype_name(cap.autocast_dtype)} copy of each weight for the whole region, so "
                 "this forward used the weights from before the update"
             ),
@@ -146,5 +137,5 @@ class AutocastWatch:
                 "`with torch.autocast(...): loss = ...` then backward, optimizer step and zero_grad outside it"
             ),
             location=self.state.frames.caller(), step=self.state.step,
-            evidence={"region_opened_at": self.region_location, "optimizer_step_at": self.region_stepped},
+            evidence={"region_opened_at": regions.region_location, "optimizer_step_at": regions.region_stepped},
         )

@@ -4,23 +4,23 @@ dtype (LOSS_IN_LOW_PRECISION), loss scaling (NO_LOSS_SCALING) and the loss's fin
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.services.scalers import ScalerRegistry
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.precision import LOW_PRECISION_DTYPES
-
-if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
-    from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 
 __all__ = ["BackwardWatch"]
 
 
-class BackwardWatch:
+class BackwardWatch(Watcher):
     """``torch.autograd.backward`` (which ``Tensor.backward`` calls): loss dtype, scaling, finiteness."""
 
     # Between ``before`` and ``after`` of one backward call, per thread: another thread's backward
@@ -28,14 +28,13 @@ class BackwardWatch:
     _pending_loss: PerThread[torch.Tensor | None] = PerThread(lambda: None)
     _scaled_now = PerThread(bool)
 
-    def __init__(self, state: WatchState) -> None:
+    def __init__(self, state: WatchState, *, scalers: ScalerRegistry) -> None:
         self.state = state
-        self.scalers: ScalerWatch
-        """Set by the context once built (the scaler watcher consults this one too)."""
+        self.scalers = scalers
         self.calls = 0
-        self.since_update = 0
         self.fp16_unscaled: list[int] = []
 
+    @override
     def install(self, patches: PatchSet) -> None:
         patches.wrap(torch.autograd, "backward", self._wrap_backward)
 
@@ -54,7 +53,7 @@ class BackwardWatch:
 
     def before(self, flat: list[torch.Tensor]) -> None:
         self.calls += 1
-        self.since_update += 1
+        self.scalers.backwards_since_update += 1
         scaled = self.scalers.scaled_source(flat[0])
         window = [c for c in self.state.models.captures if c.loss is None]
         low = {c.low_precision for c in window} - {None}

@@ -20,102 +20,44 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
-from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
+from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.services.casts import CastSite, CastSites
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.findings import Finding
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
-    from ampkit.diagnose.script.watchers.model import ModelWatch
+    from ampkit.diagnose.script.models import ModelWatch
 
-__all__ = ["CastSite", "CastWatch"]
+__all__ = ["CastWatch"]
 
 _METHODS = ("half", "bfloat16", "to", "type")
 
 
-@dataclass(frozen=True)
-class CastSite:
-    """Where some parameters became fp16/bf16."""
+class CastWatch(Watcher):
+    """Records the ``CastSite`` of each parameter made fp16/bf16 (into ``CastSites``)."""
 
-    location: str | None
-    """The user's ``file:line`` of the call."""
-    how: str
-    """The call, as code: ``.half()``, ``.to(torch.bfloat16)``, ``from_pretrained(dtype=torch.bfloat16)``."""
-    dtype: str
-    """``fp16`` or ``bf16``."""
-    kind: str
-    """``cast`` (the script's own call), ``framework`` (a library converted the model during the
-    script's call) or ``load`` (``from_pretrained``)."""
-    by: str | None = None
-    """The library that made the call (``lightning``), for ``framework``."""
-    explicit: bool = True
-    """For ``load``: the dtype was asked for (False: the checkpoint's own, kept by ``dtype="auto"``)."""
-
-    def evidence(self) -> dict[str, Any]:
-        """The findings' ``evidence["made_low_precision"]``."""
-        return {"location": self.location, "call": self.how, "dtype": self.dtype, "kind": self.kind}
-
-    @property
-    def _at(self) -> str:
-        return f" at {self.location}" if self.location else ""
-
-    def clause(self) -> str:
-        """Where the parameters became low precision, as a sentence fragment."""
-        if self.kind == "framework":
-            return f"{self.by} converted them to {self.dtype} with `{self.how}` during the call{self._at}"
-        if self.kind == "load" and not self.explicit:
-            return (f"`from_pretrained`{self._at} loaded them in {self.dtype}: with no dtype= argument transformers "
-                    "keeps the checkpoint's dtype (dtype='auto')")
-        return f"they became {self.dtype} through `{self.how}`{self._at}"
-
-    def fix(self) -> str:
-        """What to change there; autocast then casts per op."""
-        then = "and let autocast (bf16=True / fp16=True, torch.autocast) cast them per op"
-        if self.kind == "load":
-            if self.explicit:
-                arg = self.how.removeprefix("from_pretrained(").removesuffix(")")
-                return f"load in fp32: drop {arg} from from_pretrained{self._at} (or pass dtype=torch.float32), {then}"
-            return f"load in fp32: pass dtype=torch.float32 to from_pretrained{self._at}, {then}"
-        if self.kind == "framework":
-            return (f"choose a {self.by} precision that keeps fp32 weights and autocasts per op{self._at} (a '-mixed' "
-                    "one such as precision='bf16-mixed', not '-true')")
-        return f"keep the parameters in fp32: drop `{self.how}`{self._at}, {then}"
-
-
-class CastWatch:
-    """The ``CastSite`` of each parameter made fp16/bf16 (weakly held: a dropped model is forgotten)."""
-
-    def __init__(self, state: WatchState) -> None:
+    def __init__(self, state: WatchState, *, casts: CastSites) -> None:
         self.state = state
-        self.sites: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.sites = casts
         self._depth = 0
         self._patches: PatchSet | None = None
 
+    @override
     def install(self, patches: PatchSet) -> None:
         self._patches = patches
         for name in _METHODS:
             patches.wrap(nn.Module, name, self._wrap_cast)
         patches.after_import("transformers.modeling_utils", self._patch_transformers)
-
-    def origin(self, params: Iterable[torch.Tensor]) -> CastSite | None:
-        """The site where most of ``params`` that are still fp16/bf16 became so; None when unknown."""
-        sites: Counter[CastSite] = Counter()
-        for p in params:
-            if p.dtype in LOW_PRECISION_DTYPES:
-                site = self.sites.get(p)
-                if site is not None:
-                    sites[site] += 1
-        return sites.most_common(1)[0][0] if sites else None
 
     def annotate(self, findings: list[Finding], models: ModelWatch) -> list[Finding]:
         """DTYPE_MISMATCH (the parameters of its module) and LOW_PRECISION_PARAMS (every model's) with
@@ -129,7 +71,7 @@ class CastWatch:
             if f.code in ("DTYPE_MISMATCH", "LOW_PRECISION_PARAMS") and "made_low_precision" not in f.evidence:
                 scope = by_name.get(f.module) if f.code == "DTYPE_MISMATCH" and f.module is not None else None
                 params = scope.parameters() if scope is not None else (p for m in models.models() for p in m.parameters())
-                site = self.origin(params)
+                site = self.sites.origin(params)
                 if site is not None:
                     f = dataclasses.replace(f, message=f"{f.message}; {site.clause()}", fix=site.fix(),
                                             evidence={**f.evidence, "made_low_precision": site.evidence()})
@@ -156,8 +98,7 @@ class CastWatch:
                 by = _library_caller(sys._getframe(1), module, method, self.state.frames.is_user)
                 site = CastSite(location=self.state.frames.caller(2), how=_spelled(method, dtype), dtype=dtype_name(dtype),
                                 kind="framework" if by else "cast", by=by)
-                for p in changed:
-                    self.sites[p] = site
+                self.sites.add(changed, site)
             return out
         return cast
 
@@ -194,8 +135,7 @@ class CastWatch:
         site = CastSite(location=self.state.frames.caller(), dtype=dtype_name(low[0].dtype), kind="load",
                         how=f"from_pretrained({name}={spelled})" if explicit else "from_pretrained()",
                         explicit=explicit)
-        for p in low:
-            self.sites[p] = site
+        self.sites.add(low, site)
 
 
 def _spelled(method: str, dtype: torch.dtype) -> str:

@@ -7,8 +7,8 @@ without options) returns the callable with dynamo disabled (``torch._dynamo.disa
 
 * a module becomes the same ``OptimizedModule`` wrapper a real compile returns (``_orig_mod``,
   ``state_dict()`` keys with the ``_orig_mod.`` prefix), whose forward runs the original module
-  eagerly.  The model watcher looks through the wrapper, so module names are those of the
-  eager model;
+  eagerly.  The models service looks through the wrapper, so module names are those of the
+  eager model (``script.models.is_compile_wrapper``);
 * a function (a compiled train step, ``model.compile()``'s ``_call_impl``) runs eagerly.
 
 Each call is recorded with the user's line, what was compiled and its options, and reported
@@ -21,33 +21,20 @@ measures where the compiled code's numerics differ from eager.  Cost: one Python
 from __future__ import annotations
 
 import inspect
-import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 
-if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
-
-__all__ = ["CompileCall", "CompileWatch", "is_compile_wrapper"]
+__all__ = ["CompileCall", "CompileWatch"]
 
 _OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options")
-
-
-def is_compile_wrapper(module: nn.Module) -> bool:
-    """Whether ``module`` is the ``OptimizedModule`` wrapper of ``torch.compile(module)`` (eager or not).
-
-    >>> is_compile_wrapper(torch._dynamo.disable(nn.Linear(2, 2))), is_compile_wrapper(nn.Linear(2, 2))
-    (True, False)
-    """
-    # Called by the model watcher's global hooks: a dict lookup instead of importing dynamo (about a
-    # second) into runs that never compile; without dynamo loaded no wrapper can exist.
-    frames = sys.modules.get("torch._dynamo.eval_frame")
-    return frames is not None and isinstance(module, frames.OptimizedModule)
 
 
 @dataclass
@@ -70,13 +57,14 @@ class CompileCall:
         return {"location": self.location, "kind": self.kind, "target": self.target, "options": opts}
 
 
-class CompileWatch:
+class CompileWatch(Watcher):
     """Replaces ``torch.compile`` while the script runs; ``calls`` lists what the script compiled."""
 
     def __init__(self, state: WatchState) -> None:
         self.state = state
         self.calls: list[CompileCall] = []
 
+    @override
     def install(self, patches: PatchSet) -> None:
         patches.replace(torch, "compile", self._compile)
 

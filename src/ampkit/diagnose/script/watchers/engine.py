@@ -12,18 +12,18 @@ CLIP_BEFORE_UNSCALE judge engine runs with the same rules.  It reads device valu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.watchers.scaler import ScalerInfo, ScalerWatch
+from ampkit.diagnose.script.services.optimizers import OptimizerRegistry
+from ampkit.diagnose.script.services.scalers import ScalerInfo, ScalerRegistry
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.engine import Engine
 from ampkit.hooks import EngineHook, StepResult
-
-if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
 
 __all__ = ["DoctorEngineHook", "EngineWatch"]
 
@@ -31,13 +31,12 @@ __all__ = ["DoctorEngineHook", "EngineWatch"]
 class DoctorEngineHook(EngineHook):
     """What ``ampkit doctor SCRIPT`` attaches to each engine of the script (only when it scales losses)."""
 
-    def __init__(self, scalers: ScalerWatch, info: ScalerInfo) -> None:
+    def __init__(self, state: WatchState, scalers: ScalerRegistry, optimizers: OptimizerRegistry,
+                 info: ScalerInfo) -> None:
+        self._state = state
         self.scalers = scalers
+        self.optimizers = optimizers
         self.info = info
-
-    @property
-    def _state(self) -> WatchState:
-        return self.scalers.state
 
     @override
     def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
@@ -66,10 +65,10 @@ class DoctorEngineHook(EngineHook):
         scale = result.scale if result.scale is not None else engine.scale
         primary = False
         for opt in optimizers:
-            is_primary = self.scalers.optim.is_primary(opt)
+            is_primary = self.optimizers.is_primary(opt)
             primary |= is_primary
             # One found_inf for all optimizers: the engine skips them together.
-            self.scalers.on_found(opt, result.found_inf, scale, is_primary)
+            self.scalers.report_found(opt, result.found_inf, scale, is_primary)
         it = self._state.step
         # The scale after the update, read at the next flush (a clone: the engine updates it in place).
         self._state.pending.read(engine.scale.detach().clone(), lambda v: self.info.scales.append((it, v)))
@@ -77,14 +76,16 @@ class DoctorEngineHook(EngineHook):
             self._state.signals.end_iteration()
 
 
-class EngineWatch:
+class EngineWatch(Watcher):
     """Attaches a ``DoctorEngineHook`` to every loss-scaling ampkit engine the script builds."""
 
-    def __init__(self, state: WatchState, *, scalers: ScalerWatch) -> None:
+    def __init__(self, state: WatchState, *, scalers: ScalerRegistry, optimizers: OptimizerRegistry) -> None:
         self.state = state
         self.scalers = scalers
+        self.optimizers = optimizers
         self.hooks: list[DoctorEngineHook] = []
 
+    @override
     def install(self, patches: PatchSet) -> None:
         patches.wrap(Engine, "__init__", self._wrap_init)
         patches.wrap(Engine, "add_hook", self._wrap_add_hook)
@@ -99,7 +100,7 @@ class EngineWatch:
                 location=self.state.frames.caller(), device=str(engine.device), requested=True, enabled=True,
                 init_scale=float(engine.scale), built_as=f"ampkit.{type(engine).__name__}", engine=True,
             ))
-            hook = DoctorEngineHook(self.scalers, info)
+            hook = DoctorEngineHook(self.state, self.scalers, self.optimizers, info)
             self.hooks.append(hook)
             engine.add_hook(hook, first=True)
         return __init__

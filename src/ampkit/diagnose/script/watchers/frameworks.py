@@ -14,12 +14,13 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
-
-if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 
 __all__ = ["FrameworkRequest", "FrameworkWatch"]
 
@@ -41,7 +42,7 @@ class FrameworkRequest:
         return {"setting": self.setting, "dtype": self.dtype, "location": self.location, "framework": self.framework}
 
 
-class FrameworkWatch:
+class FrameworkWatch(Watcher):
     """The settings objects built by the script that ask for fp16/bf16 (``requests``, in build order)."""
 
     def __init__(self, state: WatchState) -> None:
@@ -49,6 +50,7 @@ class FrameworkWatch:
         self.requests: list[FrameworkRequest] = []
         self._patches: PatchSet | None = None
 
+    @override
     def install(self, patches: PatchSet) -> None:
         self._patches = patches
         patches.after_import("transformers.training_args", self._patch_training_args)

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
-
-if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
-    from ampkit.diagnose.script.watchers.scaler import ScalerWatch
+from ampkit.diagnose.script.services.scalers import ScalerRegistry
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 
 __all__ = ["CheckpointWatch", "checkpoint_contents"]
 
@@ -63,15 +63,16 @@ class _Event:
     contents: set[str]
 
 
-class CheckpointWatch:
+class CheckpointWatch(Watcher):
     """``torch.save`` / ``torch.load``: a checkpoint without the GradScaler's state (CHECKPOINT_MISSING_SCALER)."""
 
-    def __init__(self, state: WatchState, *, scalers: ScalerWatch) -> None:
+    def __init__(self, state: WatchState, *, scalers: ScalerRegistry) -> None:
         self.state = state
         self.scalers = scalers
         self.saves: list[_Event] = []
         self.loads: list[_Event] = []
 
+    @override
     def install(self, patches: PatchSet) -> None:
         patches.wrap(torch, "save", self._wrap_save)
         patches.wrap(torch, "load", self._wrap_load)
@@ -117,7 +118,8 @@ class CheckpointWatch:
                 evidence={"contents": sorted(e.contents), "latent": True, "off_reason": off[0].off_reason()},
             )
 
-    def finalize(self) -> None:
+    @override
+    def finish(self) -> None:
         # An engine's scale is saved with mp.state_dict(), which this watcher does not recognise.
         scalers = [i for i in self.scalers.enabled_infos() if not i.engine]
         if not scalers:

@@ -1,60 +1,46 @@
-"""The optimizer watcher: optimizer construction and steps, LR schedulers, gradient clipping
-(LOW_PRECISION_PARAMS, non-finite gradients at an unguarded step, a scheduler stepped on a
-skipped step).  None reads a device value except through ``WatchState.pending``."""
+"""The optimizer watcher: optimizer construction and steps, LR schedulers (LOW_PRECISION_PARAMS,
+non-finite gradients at an unguarded step, a scheduler stepped on a skipped step).
+None reads a device value except through ``WatchState.pending``."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.optim.lr_scheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
-from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.services.autocast import AutocastRegions
+from ampkit.diagnose.script.services.casts import CastSites
+from ampkit.diagnose.script.services.optimizers import OptimizerRegistry, OptInfo
+from ampkit.diagnose.script.services.scalers import ScalerRegistry
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.findings import LOW_PRECISION_UPDATES_LOST
 from ampkit.precision import LOW_PRECISION_DTYPES
 
-if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
-    from ampkit.diagnose.script.watchers.autocast import AutocastWatch
-    from ampkit.diagnose.script.watchers.casts import CastWatch
-    from ampkit.diagnose.script.watchers.scaler import ScalerWatch
-
-__all__ = ["OptInfo", "OptimWatch"]
+__all__ = ["OptimWatch"]
 
 
-@dataclass
-class OptInfo:
-    location: str | None
-    checked: int = -1
-    last_found: tuple[torch.Tensor, int] | None = None
-    """(found_inf, step) of the last scaler.step on this optimizer (None: stepped directly)."""
-    steps: int = 0
+class OptimWatch(Watcher):
+    """Optimizer construction and steps, LR schedulers (gradient clipping is the scaler watcher's)."""
 
-
-class OptimWatch:
-    """Optimizer construction and steps, LR schedulers, gradient clipping."""
-
-    primary: PerThread[weakref.ReferenceType[torch.optim.Optimizer] | None] = PerThread(lambda: None)
-    """This thread's primary optimizer, the first that stepped: its steps are the thread's steps."""
-
-    def __init__(self, state: WatchState, *, autocast: AutocastWatch, casts: CastWatch) -> None:
+    def __init__(self, state: WatchState, *, optimizers: OptimizerRegistry, scalers: ScalerRegistry,
+                 regions: AutocastRegions, casts: CastSites) -> None:
         self.state = state
-        self.autocast = autocast
+        self.optimizers = optimizers
+        self.scalers = scalers
+        self.regions = regions
         self.casts = casts
-        self.scalers: ScalerWatch
-        """Set by the context once built (the scaler watcher consults this one too)."""
-        self.optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptInfo] = weakref.WeakKeyDictionary()
         self.scheduler_steps = 0
         self._sched_depth = 0
         self.sched_on_skip: list[int] = []
-        self._param_ids: dict[int, tuple[int, set[int]]] = {}
 
+    @override
     def install(self, patches: PatchSet) -> None:
         patches.wrap(torch.optim.Optimizer, "__init__", self._wrap_opt_init)
         patches.handle(register_optimizer_step_pre_hook(self._pre_step))
@@ -63,54 +49,25 @@ class OptimWatch:
         for obj in vars(sched).values():
             if isinstance(obj, type) and issubclass(obj, sched.LRScheduler) and "step" in vars(obj):
                 patches.wrap(obj, "step", self._wrap_sched_step)
-        for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
-            for name in ("clip_grad_norm_", "clip_grad_value_"):
-                if hasattr(mod, name):
-                    patches.wrap(mod, name, self._wrap_clip)
 
     # -- optimizers ----------------------------------------------------------------------------
     def _wrap_opt_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             self.state.frames.call(orig, opt, *args, **kwargs)
-            if opt not in self.optimizers:
-                self.optimizers[opt] = OptInfo(location=self.state.frames.caller())
+            if opt not in self.optimizers.optimizers:
+                self.optimizers.add(opt, self.state.frames.caller())
         return __init__
-
-    def info(self, opt: torch.optim.Optimizer) -> OptInfo:
-        info = self.optimizers.get(opt)
-        if info is None:
-            info = self.optimizers[opt] = OptInfo(location=None)
-        return info
-
-    def is_primary(self, opt: torch.optim.Optimizer) -> bool:
-        if self.primary is None or self.primary() is None:
-            self.primary = weakref.ref(opt)
-        return self.primary() is opt
-
-    def owners(self, params: list[torch.Tensor]) -> list[torch.optim.Optimizer]:
-        """The optimizers holding any of ``params`` (parameter-id sets cached per optimizer)."""
-        ids = {id(p) for p in params}
-        out = []
-        for opt in list(self.optimizers):
-            count = sum(len(g["params"]) for g in opt.param_groups)
-            cached = self._param_ids.get(id(opt))
-            if cached is None or cached[0] != count:
-                cached = self._param_ids[id(opt)] = (count, {id(p) for g in opt.param_groups for p in g["params"]})
-            if not ids.isdisjoint(cached[1]):
-                out.append(opt)
-        return out
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if torch.compiler.is_compiling():
             return  # a compiled optimizer step traces the hooks: observe nothing there
-        info = self.info(opt)
+        info = self.optimizers.info(opt)
         if not self.scalers.in_step:
-            info.last_found = None
-            self.scalers.on_direct_step(opt)
-            if self.is_primary(opt):
+            info.last_found = None  # a direct step (the scaler watcher reports it, from its own hook before this one)
+            if self.optimizers.is_primary(opt):
                 self._check_grads(opt)
-        if self.autocast.depth and self.autocast.any_enabled() and self.autocast.region_stepped is None:
-            self.autocast.region_stepped = self.state.frames.caller()
+        if self.regions.depth and self.regions.any_enabled() and self.regions.region_stepped is None:
+            self.regions.region_stepped = self.state.frames.caller()
         if info.checked < 0 or (self.state.sampler.dense(self.state.iteration) and info.checked != self.state.iteration):
             info.checked = self.state.iteration
             self._check_params(opt, info)
@@ -136,9 +93,9 @@ class OptimWatch:
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if torch.compiler.is_compiling():
             return
-        info = self.info(opt)
+        info = self.optimizers.info(opt)
         info.steps += 1
-        if not self.scalers.in_step and self.is_primary(opt):
+        if not self.scalers.in_step and self.optimizers.is_primary(opt):
             self.state.signals.end_iteration()
 
     def _check_params(self, opt: torch.optim.Optimizer, info: OptInfo) -> None:
@@ -200,12 +157,4 @@ class OptimWatch:
                 self.sched_on_skip.append(it)
                 self.state.note_location("scheduler_step", early or self.state.frames.caller())
         self.state.pending.read(found, judge)
-
-    # -- clipping ---------------------------------------------------------------------------------
-    def _wrap_clip(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            self.scalers.on_clip(params, getattr(orig, "__name__", "clip_grad_norm_"))
-            return orig(params, *args, **kwargs)
-        return clip
 

@@ -9,78 +9,26 @@ original ran; they never change what it does.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
+from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
-from ampkit._util.threads import PerThread
 from ampkit.diagnose.script.errors import exception_finding
 from ampkit.diagnose.script.order import OrderContext, explain_order
 from ampkit.diagnose.script.patches import PatchSet
+from ampkit.diagnose.script.services.optimizers import OptimizerRegistry
+from ampkit.diagnose.script.services.scalers import ScalerInfo, ScalerRegistry
+from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.diagnose.script.where import where_now
 from ampkit.precision import LOW_PRECISION_DTYPES
 
-if TYPE_CHECKING:
-    from ampkit.diagnose.script.state import WatchState
-    from ampkit.diagnose.script.watchers.backward import BackwardWatch
-    from ampkit.diagnose.script.watchers.optim import OptimWatch
-
-__all__ = ["ScaledSource", "ScalerInfo", "ScalerWatch"]
-
-
-@dataclass
-class ScaledSource:
-    """A tensor returned by a loss scaler's ``scale`` (identity-checked at backward)."""
-
-    tensor: torch.Tensor
-    loss: torch.Tensor
-    scale: torch.Tensor | None
-    enabled: bool
-    kind: str
-    """``torch`` (GradScaler) or ``ampkit`` (MixedPrecision's scaler)."""
-
-
-@dataclass
-class ScalerInfo:
-    location: str | None
-    device: str
-    requested: bool
-    enabled: bool
-    init_scale: float
-    used: int = 0
-    stepped_since_update: bool = False
-    unscaled_since_update: bool = False
-    backward_scaled: bool = False
-    """A backward of a scaled loss ran since the last update (gradients hold loss × scale)."""
-    scales: list[tuple[int, float]] = field(default_factory=list)
-    """(step, counted from 1, scale after update)."""
-    state_taken: bool = False
-    state_loaded: bool = False
-    saw_bf16: bool = False
-    saw_fp16: bool = False
-    built_as: str = "torch.amp.GradScaler"
-    """The class the script built, as it would spell it (``torch.cuda.amp.GradScaler``)."""
-    engine: bool = False
-    """The loss scaler of an ampkit engine (``watchers.engine``): it unscales inside ``mp.step``."""
-
-    @property
-    def label(self) -> str:
-        """What findings call it: ``GradScaler``, or the ampkit class the script built."""
-        return self.built_as if self.engine else "GradScaler"
-
-    def off_reason(self) -> str | None:
-        """Why the scaler is off: ``no_cuda`` or ``device`` (torch turned off a scaler the code enabled),
-        ``enabled_false`` (the code's own switch), or None when it is on."""
-        if self.enabled:
-            return None
-        if not self.requested:
-            return "enabled_false"
-        return "no_cuda" if self.device == "cuda" and not torch.cuda.is_available() else "device"
+__all__ = ["ScalerWatch"]
 
 
 def _spelling(cls: type) -> str:
@@ -91,41 +39,19 @@ def _spelling(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-class ScalerWatch:
-    """GradScaler (torch's and ampkit's): scaling, unscale/step/update order, clipping, skipped steps."""
+class ScalerWatch(Watcher):
+    """GradScaler (torch's and ampkit's): scaling, unscale/step/update order, clipping, skipped steps.
 
-    in_step = PerThread(int)
-    """Depth of guarded optimizer steps (``GradScaler.step``, an ampkit engine's) in this thread."""
+    What it learns goes into the ``ScalerRegistry``, which the backward, optimizer, checkpoint and
+    engine watchers read.
+    """
 
-    def __init__(self, state: WatchState, *, optim: OptimWatch, backward: BackwardWatch) -> None:
+    def __init__(self, state: WatchState, *, scalers: ScalerRegistry, optimizers: OptimizerRegistry) -> None:
         self.state = state
-        self.optim = optim
-        self.backward = backward
-        self.scalers: weakref.WeakKeyDictionary[Any, ScalerInfo] = weakref.WeakKeyDictionary()
-        self.infos: list[ScalerInfo] = []
-        self._scaled: dict[int, ScaledSource] = {}
-        self.scaled_overflow: set[int] = set()
-        """Steps where loss × scale overflowed the loss's low-precision dtype."""
-        self.ampkit_scaled = 0
-        self.ampkit_enabled = False
-        """An ampkit loss scaler that scaled a loss was enabled."""
-        self.direct_steps = 0
-        """optimizer.step() calls outside scaler.step since the last update."""
+        self.scalers = scalers
+        self.optimizers = optimizers
 
-    def enabled_scalers(self) -> list[tuple[Any, ScalerInfo]]:
-        """Live enabled scalers (during the run)."""
-        return [(s, i) for s, i in list(self.scalers.items()) if i.enabled]
-
-    def enabled_infos(self) -> list[ScalerInfo]:
-        """Every enabled scaler the run created, also after the script dropped it (end-of-run rules)."""
-        return [i for i in self.infos if i.enabled]
-
-    def add_scaler(self, sc: Any, info: ScalerInfo) -> ScalerInfo:
-        """Watch ``sc`` (a GradScaler, or an ampkit engine) as ``info``."""
-        self.scalers[sc] = info
-        self.infos.append(info)
-        return info
-
+    @override
     def install(self, patches: PatchSet) -> None:
         gs = torch.amp.grad_scaler.GradScaler
         patches.wrap(gs, "__init__", self._wrap_init)
@@ -139,22 +65,20 @@ class ScalerWatch:
 
         for cls in (LossScaler, StaticLossScaler):
             patches.wrap(cls, "scale", self._wrap_ampkit_scale)
-
-    def info(self, sc: Any) -> ScalerInfo:
-        info = self.scalers.get(sc)
-        if info is None:
-            info = self.add_scaler(sc, ScalerInfo(
-                location=None, device=str(getattr(sc, "_device", "cuda")), requested=bool(sc._enabled),
-                enabled=bool(sc._enabled), init_scale=float(getattr(sc, "_init_scale", 0.0)),
-            ))
-        return info
+        # Registered before the optimizer watcher's hook (``WATCHERS`` order): a direct step is
+        # reported before that step's gradients are checked, which may replay it.
+        patches.handle(register_optimizer_step_pre_hook(self._pre_step))
+        for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
+            for name in ("clip_grad_norm_", "clip_grad_value_"):
+                if hasattr(mod, name):
+                    patches.wrap(mod, name, self._wrap_clip)
 
     # -- wrappers -----------------------------------------------------------------------------
     def _wrap_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(sc: Any, *args: Any, **kwargs: Any) -> None:
             self.state.frames.call(orig, sc, *args, **kwargs)
             requested = kwargs.get("enabled", args[5] if len(args) > 5 else True)
-            self.add_scaler(sc, ScalerInfo(
+            self.scalers.add_scaler(sc, ScalerInfo(
                 location=self.state.frames.caller(), device=str(sc._device), requested=bool(requested),
                 enabled=bool(sc._enabled), init_scale=float(kwargs.get("init_scale", args[1] if len(args) > 1
                                                                        else 2.0**16)),
@@ -166,25 +90,18 @@ class ScalerWatch:
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def method(sc: Any, *args: Any, **kwargs: Any) -> Any:
                 out = orig(sc, *args, **kwargs)
-                setattr(self.info(sc), flag, True)
+                setattr(self.scalers.info(sc), flag, True)
                 return out
             return method
         return make
 
-    def _register(self, loss_in: Any, out: Any, scale: torch.Tensor | None, enabled: bool, kind: str) -> None:
-        ins, _ = tree_flatten(loss_in)
-        outs, _ = tree_flatten(out)
-        for a, b in zip(ins, outs):
-            if isinstance(b, torch.Tensor):
-                self._scaled[id(b)] = ScaledSource(tensor=b, loss=a, scale=scale, enabled=enabled, kind=kind)
-
     def _wrap_scale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def scale(sc: Any, outputs: Any) -> Any:
             out = orig(sc, outputs)
-            info = self.info(sc)
+            info = self.scalers.info(sc)
             enabled = bool(sc._enabled)
             scale_t = sc._scale.detach().clone() if enabled and sc._scale is not None else None
-            self._register(outputs, out, scale_t, enabled, "torch")
+            self.scalers.register_scaled(outputs, out, scale_t, enabled, "torch")
             if enabled:
                 info.used += 1
                 self._check_scaled(outputs, out, scale_t)
@@ -197,10 +114,10 @@ class ScalerWatch:
     def _wrap_ampkit_scale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def scale(sc: Any, loss: torch.Tensor) -> torch.Tensor:
             out = orig(sc, loss)
-            self.ampkit_scaled += 1
+            self.scalers.ampkit_scaled += 1
             enabled = bool(getattr(sc, "enabled", False))
-            self.ampkit_enabled |= enabled
-            self._register(loss, out, sc.scale_tensor(loss.device).clone() if enabled else None, enabled, "ampkit")
+            self.scalers.ampkit_enabled |= enabled
+            self.scalers.register_scaled(loss, out, sc.scale_tensor(loss.device).clone() if enabled else None, enabled, "ampkit")
             return out
         return scale
 
@@ -224,7 +141,7 @@ class ScalerWatch:
                 def judge(v: float, a_dtype: torch.dtype = a.dtype, it: int = it,
                           location: str | None = location) -> None:
                     if v > 0:
-                        self.scaled_overflow.add(it)
+                        self.scalers.scaled_overflow.add(it)
                         self.state.ledger.add(
                             "LOSS_IN_LOW_PRECISION", key=location, severity="error",
                             message=(
@@ -243,15 +160,15 @@ class ScalerWatch:
         """UNSCALE_ORDER_ERROR for GradScaler's own step-order assertion, with the cause read from the
         scaler's state at the raise (``script.order``) and where in training it happened."""
         text = str(exc)
-        if "No inf checks were recorded prior" in text and self.direct_steps and self.state.ledger.has(
+        if "No inf checks were recorded prior" in text and self.scalers.direct_steps and self.state.ledger.has(
                 "UNSCALE_ORDER_ERROR"):
             exc._ampkit_explained = True  # type: ignore[attr-defined]
             return  # the consequence of the optimizer.step() that bypassed the scaler, already reported
-        info = self.info(sc)
+        info = self.scalers.info(sc)
         rule = explain_order(text, OrderContext(
-            call, backwards=self.backward.since_update, stepped=info.stepped_since_update,
-            other_scaler_scaled=any(i.used for i in self.infos if i is not info),
-            optimizers=len(self.optim.optimizers)))
+            call, backwards=self.scalers.backwards_since_update, stepped=info.stepped_since_update,
+            other_scaler_scaled=any(i.used for i in self.scalers.infos if i is not info),
+            optimizers=len(self.optimizers)))
         if rule is None:
             return
         frames, it = self.state.frames, self.state.step
@@ -272,47 +189,37 @@ class ScalerWatch:
                 self._explain_order(exc, sc, "unscale_")
                 raise
             if sc._enabled:
-                self.info(sc).unscaled_since_update = True
+                self.scalers.info(sc).unscaled_since_update = True
             return out
         return unscale_
 
     def _wrap_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def step(sc: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            self.in_step += 1
+            self.scalers.in_step += 1
             try:
                 out = orig(sc, optimizer, *args, **kwargs)
             except (RuntimeError, AssertionError) as exc:
                 self._explain_order(exc, sc, "step")
                 raise
             finally:
-                self.in_step -= 1
-            primary = self.optim.is_primary(optimizer)
+                self.scalers.in_step -= 1
+            primary = self.optimizers.is_primary(optimizer)
             if sc._enabled:
-                info = self.info(sc)
+                info = self.scalers.info(sc)
                 info.stepped_since_update = True
                 state = sc._per_optimizer_states.get(id(optimizer))
                 per_dev = list(state["found_inf_per_device"].values()) if state else []
                 if per_dev:
                     found = per_dev[0] if len(per_dev) == 1 else torch.stack([f.to(per_dev[0].device) for f in per_dev]).sum()
-                    self.on_found(optimizer, found, sc._scale.detach().clone(), primary)
+                    self.scalers.report_found(optimizer, found, sc._scale.detach().clone(), primary)
             if primary:
                 self.state.signals.end_iteration()
             return out
         return step
 
-    def on_found(self, optimizer: torch.optim.Optimizer, found: torch.Tensor, scale: torch.Tensor,
-                 primary: bool) -> None:
-        """A guarded step (``GradScaler.step`` or an ampkit engine's) produced ``found``: keep it for the
-        scheduler rule and signal it (read at once where the step already synced on it)."""
-        self.optim.info(optimizer).last_found = (found, self.state.step)
-        # Non-fused optimizers: the scaler already synced on found_inf to decide the step, reading it is free.
-        urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or self.state.sampler.dense(
-            self.state.iteration)
-        self.state.signals.on_scaler_found(found, scale, self.state.step, primary, urgent)
-
     def _wrap_update(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def update(sc: Any, new_scale: Any = None) -> Any:
-            info = self.info(sc)
+            info = self.scalers.info(sc)
             if sc._enabled and new_scale is None and not info.stepped_since_update and info.unscaled_since_update:
                 location = self.state.frames.caller()
                 self.state.ledger.add(
@@ -337,28 +244,27 @@ class ScalerWatch:
                 it = self.state.step
                 self.state.pending.read(sc._scale.detach().clone(), lambda v: info.scales.append((it, v)))
             info.stepped_since_update = info.unscaled_since_update = info.backward_scaled = False
-            self.backward.since_update = 0
-            self.direct_steps = 0
-            self._scaled.clear()
+            self.scalers.after_update()
             return out
         return update
 
-    # -- queries from the other watchers -----------------------------------------------------------
-    def scaled_source(self, t: torch.Tensor) -> ScaledSource | None:
-        src = self._scaled.pop(id(t), None)
-        if src is None or src.tensor is not t:
-            return None
-        if src.enabled and src.kind == "torch":
-            for sc, info in self.enabled_scalers():
-                if src.scale is not None and not info.engine and sc._scale is not None:
-                    info.backward_scaled = True
-        return src
+    # -- clipping and direct optimizer steps ---------------------------------------------------
+    def _wrap_clip(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            self.on_clip(params, getattr(orig, "__name__", "clip_grad_norm_"))
+            return orig(params, *args, **kwargs)
+        return clip
+
+    def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not torch.compiler.is_compiling() and not self.scalers.in_step:
+            self.on_direct_step(opt)
 
     def on_clip(self, params: list[torch.Tensor], fname: str) -> None:
-        scalers = [(sc, info) for sc, info in self.enabled_scalers() if info.backward_scaled]
+        scalers = [(sc, info) for sc, info in self.scalers.enabled_scalers() if info.backward_scaled]
         if not scalers:
             return
-        owners = self.optim.owners(params)
+        owners = self.optimizers.owners(params)
         from torch.amp.grad_scaler import OptState
 
         for sc, info in scalers:
@@ -392,8 +298,8 @@ class ScalerWatch:
 
     def on_direct_step(self, opt: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` called outside ``scaler.step`` while gradients are scaled."""
-        self.direct_steps += 1
-        for _sc, info in self.enabled_scalers():
+        self.scalers.direct_steps += 1
+        for _sc, info in self.scalers.enabled_scalers():
             if info.backward_scaled and not info.engine:
                 location = self.state.frames.caller()
                 self.state.ledger.add(

@@ -1,5 +1,8 @@
-"""The model watcher: find the user's models, capture each forward's batch and the gradient that
-flowed back into its output, and check normalisation statistics.
+"""The models service of the script doctor: find the user's models, capture each forward's batch and
+the gradient that flowed back into its output, and check normalisation statistics.
+
+Every watcher reads the captures (``WatchState.models``), so this sits below the watchers; the
+``Context`` builds it first, switches its model discovery on at install and off at restore.
 
 Costs, per forward of a model (a *root*: a module called while no observed module is running):
 one pre-hook and one post-hook call, a copy of the CPU RNG state (about 5 KB), and one
@@ -13,6 +16,7 @@ carry hooks.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -25,12 +29,23 @@ from torch.utils._pytree import tree_flatten
 
 from ampkit._util.autograd import sole_cast_consumers
 from ampkit._util.threads import PerThread
-from ampkit.diagnose.script.watchers.compile import is_compile_wrapper
 from ampkit.precision import LOW_PRECISION_DTYPES
 
-__all__ = ["Capture", "ModelWatch"]
+__all__ = ["Capture", "ModelWatch", "is_compile_wrapper"]
 
 _AUTOCAST_DEVICES = tuple(d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d))
+
+
+def is_compile_wrapper(module: nn.Module) -> bool:
+    """Whether ``module`` is the ``OptimizedModule`` wrapper of ``torch.compile(module)`` (eager or not).
+
+    >>> is_compile_wrapper(torch._dynamo.disable(nn.Linear(2, 2))), is_compile_wrapper(nn.Linear(2, 2))
+    (True, False)
+    """
+    # Called by the model watcher's global hooks: a dict lookup instead of importing dynamo (about a
+    # second) into runs that never compile; without dynamo loaded no wrapper can exist.
+    frames = sys.modules.get("torch._dynamo.eval_frame")
+    return frames is not None and isinstance(module, frames.OptimizedModule)
 
 
 @dataclass

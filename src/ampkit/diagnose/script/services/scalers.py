@@ -1,0 +1,154 @@
+"""The scaler registry: the loss scalers of a run (torch's GradScalers and ampkit engines) and the
+bookkeeping of their optimizer window, shared by the watchers that feed or read it.
+
+The GradScaler watcher and the engine watcher add scalers and report guarded steps; the backward
+watcher asks which scaler scaled the loss it sees; the optimizer watcher asks whether a step is
+guarded; the checkpoint watcher and the end-of-run rules read the ``ScalerInfo`` records.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ampkit._util.threads import PerThread
+from ampkit.diagnose.script.services.optimizers import OptimizerRegistry
+from ampkit.diagnose.script.state import WatchState
+
+__all__ = ["ScaledSource", "ScalerInfo", "ScalerRegistry"]
+
+
+@dataclass
+class ScaledSource:
+    """A tensor returned by a loss scaler's ``scale`` (identity-checked at backward)."""
+
+    tensor: torch.Tensor
+    loss: torch.Tensor
+    scale: torch.Tensor | None
+    enabled: bool
+    kind: str
+    """``torch`` (GradScaler) or ``ampkit`` (MixedPrecision's scaler)."""
+
+
+@dataclass
+class ScalerInfo:
+    location: str | None
+    device: str
+    requested: bool
+    enabled: bool
+    init_scale: float
+    used: int = 0
+    stepped_since_update: bool = False
+    unscaled_since_update: bool = False
+    backward_scaled: bool = False
+    """A backward of a scaled loss ran since the last update (gradients hold loss × scale)."""
+    scales: list[tuple[int, float]] = field(default_factory=list)
+    """(step, counted from 1, scale after update)."""
+    state_taken: bool = False
+    state_loaded: bool = False
+    saw_bf16: bool = False
+    saw_fp16: bool = False
+    built_as: str = "torch.amp.GradScaler"
+    """The class the script built, as it would spell it (``torch.cuda.amp.GradScaler``)."""
+    engine: bool = False
+    """The loss scaler of an ampkit engine (``watchers.engine``): it unscales inside ``mp.step``."""
+
+    @property
+    def label(self) -> str:
+        """What findings call it: ``GradScaler``, or the ampkit class the script built."""
+        return self.built_as if self.engine else "GradScaler"
+
+    def off_reason(self) -> str | None:
+        """Why the scaler is off: ``no_cuda`` or ``device`` (torch turned off a scaler the code enabled),
+        ``enabled_false`` (the code's own switch), or None when it is on."""
+        if self.enabled:
+            return None
+        if not self.requested:
+            return "enabled_false"
+        return "no_cuda" if self.device == "cuda" and not torch.cuda.is_available() else "device"
+
+
+class ScalerRegistry:
+    """The run's loss scalers, the tensors they scaled, and the counters of the current update window."""
+
+    in_step = PerThread(int)
+    """Depth of guarded optimizer steps (``GradScaler.step``, an ampkit engine's) in this thread."""
+
+    def __init__(self, state: WatchState, optimizers: OptimizerRegistry) -> None:
+        self.state = state
+        self.optimizers = optimizers
+        self.scalers: weakref.WeakKeyDictionary[Any, ScalerInfo] = weakref.WeakKeyDictionary()
+        self.infos: list[ScalerInfo] = []
+        self._scaled: dict[int, ScaledSource] = {}
+        self.scaled_overflow: set[int] = set()
+        """Steps where loss × scale overflowed the loss's low-precision dtype."""
+        self.ampkit_scaled = 0
+        self.ampkit_enabled = False
+        """An ampkit loss scaler that scaled a loss was enabled."""
+        self.direct_steps = 0
+        """optimizer.step() calls outside scaler.step since the last update."""
+        self.backwards_since_update = 0
+        """Backward calls since the last ``GradScaler.update`` (the step-order explanations read it)."""
+
+    def enabled_scalers(self) -> list[tuple[Any, ScalerInfo]]:
+        """Live enabled scalers (during the run)."""
+        return [(s, i) for s, i in list(self.scalers.items()) if i.enabled]
+
+    def enabled_infos(self) -> list[ScalerInfo]:
+        """Every enabled scaler the run created, also after the script dropped it (end-of-run rules)."""
+        return [i for i in self.infos if i.enabled]
+
+    def add_scaler(self, sc: Any, info: ScalerInfo) -> ScalerInfo:
+        """Watch ``sc`` (a GradScaler, or an ampkit engine) as ``info``."""
+        self.scalers[sc] = info
+        self.infos.append(info)
+        return info
+
+    def info(self, sc: Any) -> ScalerInfo:
+        """The record of GradScaler ``sc``; one built before the doctor started is added now."""
+        info = self.scalers.get(sc)
+        if info is None:
+            info = self.add_scaler(sc, ScalerInfo(
+                location=None, device=str(getattr(sc, "_device", "cuda")), requested=bool(sc._enabled),
+                enabled=bool(sc._enabled), init_scale=float(getattr(sc, "_init_scale", 0.0)),
+            ))
+        return info
+
+    def register_scaled(self, loss_in: Any, out: Any, scale: torch.Tensor | None, enabled: bool, kind: str) -> None:
+        """``out`` is what a scaler's ``scale(loss_in)`` returned (tensors paired leaf by leaf)."""
+        ins, _ = tree_flatten(loss_in)
+        outs, _ = tree_flatten(out)
+        for a, b in zip(ins, outs):
+            if isinstance(b, torch.Tensor):
+                self._scaled[id(b)] = ScaledSource(tensor=b, loss=a, scale=scale, enabled=enabled, kind=kind)
+
+    def scaled_source(self, t: torch.Tensor) -> ScaledSource | None:
+        """The scaling that produced ``t`` (consumed: a backward asks once), or None when no scaler made it."""
+        src = self._scaled.pop(id(t), None)
+        if src is None or src.tensor is not t:
+            return None
+        if src.enabled and src.kind == "torch":
+            for sc, info in self.enabled_scalers():
+                if src.scale is not None and not info.engine and sc._scale is not None:
+                    info.backward_scaled = True
+        return src
+
+    def after_update(self) -> None:
+        """A GradScaler updated its scale: the backward and direct-step counts and the scaled tensors start over."""
+        self.backwards_since_update = 0
+        self.direct_steps = 0
+        self._scaled.clear()
+
+    def report_found(self, optimizer: torch.optim.Optimizer, found: torch.Tensor, scale: torch.Tensor,
+                     primary: bool) -> None:
+        """A guarded step (``GradScaler.step`` or an ampkit engine's) produced ``found``: keep it for the
+        scheduler rule and signal it (read at once where the step already synced on it)."""
+        self.optimizers.info(optimizer).last_found = (found, self.state.step)
+        # Non-fused optimizers: the scaler already synced on found_inf to decide the step, reading it is free.
+        urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or self.state.sampler.dense(
+            self.state.iteration)
+        self.state.signals.on_scaler_found(found, scale, self.state.step, primary, urgent)
