@@ -372,3 +372,27 @@ def test_doctor_script_scale_collapse_from_a_derivative_singularity_names_it(tmp
     collapse = codes["SCALE_COLLAPSE"]
     assert collapse.evidence["cause"] == "gradient_singularity"
     assert "derivative singularity" in collapse.message and "cannot help" in collapse.fix
+
+
+def test_doctor_script_end_of_run_analysis_prints_progress_while_it_lasts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _write(tmp_path / "train.py", """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(4, 8)).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    """)
+    # An interval far below the analysis (a speed measurement and an fp32 replay): lines must come.
+    run_script(script, heartbeat_s=0.01)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "analysing the run" in line]
+    assert lines and lines[0].startswith("ampkit doctor: the script ended after 3 optimizer step(s); analysing the run")
+    capsys.readouterr()
+    run_script(script)  # the default interval (10 s) is longer than this analysis: no line at all
+    assert "analysing the run" not in capsys.readouterr().err

@@ -82,3 +82,61 @@ def test_bisect_not_attempted_for_data_problems() -> None:
     x[0, 0] = float("nan")
     result = diagnose_step(model, dm.bf16_run(x), precision="bf16")
     assert result.keep_fp32 is None and result.bisection is None
+
+
+class OffsetBranch(nn.Module):
+    """``fc(x) - 256``: fc's output sits at 256, where bf16's spacing is 2, so the branch's rounding
+    error is about as large as its signal."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        with torch.no_grad():
+            self.fc.weight.mul_(0.3)
+            self.fc.bias.fill_(256.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) - 256.0
+
+
+class Branches(nn.Module):
+    """The sum of ``n`` offset branches of the same input: n independent errors of one size, so one
+    branch kept in fp32 removes 1/n of the error energy, 10*log10(n / (n - 1)) dB."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.branches = nn.ModuleList(OffsetBranch(8) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum((b(x) for b in self.branches), torch.zeros(()))
+
+
+def test_bisect_stops_at_a_loss_spread_over_more_branches_than_it_scans() -> None:
+    # 24 branches: one in fp32 gains 0.2 dB; the 16 scanned modules (8 branches and their fc)
+    # together leave 16 branches' error, 1.8 dB better: still far below 20 dB.
+    from ampkit.diagnose.step.bisect import EFFECT_SCAN_LIMIT, NO_EFFECT_DB
+
+    result = diagnose_step(Branches(24), dm.bf16_run(torch.randn(16, 8)), precision="bf16")
+    bisection = result.bisection
+    assert result.keep_fp32 is None
+    assert bisection["culprit"] is None and bisection["reason"].startswith("spread")
+    assert bisection["spread_gain_db"] < NO_EFFECT_DB
+    scanned = len(bisection["effects"])
+    assert scanned == EFFECT_SCAN_LIMIT
+    assert len(bisection["trials"]) == scanned + 1  # the scan, then one trial of all of them: no grow
+    together = bisection["trials"][-1]
+    assert sorted(together["keep_fp32"]) == sorted(bisection["effects"]) and not together["fixed"]
+    (loss,) = [f for f in result.findings if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"]
+    assert loss.evidence["judged_by"] == "spread"
+    assert loss.fix.startswith(f"No single module restores it: each of the {scanned} modules tried")
+
+
+def test_bisect_keeps_searching_when_all_scanned_branches_together_fix_the_step() -> None:
+    # 8 branches: each alone gains 0.6 dB, under NO_EFFECT_DB, yet all kept in fp32 restore the
+    # output, so the search must go on to the real fix (every branch's fc in fp32).
+    result = diagnose_step(Branches(8), dm.bf16_run(torch.randn(16, 8)), precision="bf16")
+    bisection = result.bisection
+    assert max(bisection["effects"][m][""] for m in bisection["effects"]) - result.comparison["output_sqnr_db"][""] < 1.0
+    assert bisection.get("spread_gain_db") is None
+    assert result.keep_fp32 is not None and bisection["verification"]["verified"]

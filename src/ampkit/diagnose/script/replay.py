@@ -51,24 +51,27 @@ def replay_precision(cap: Capture, intended: str | None) -> tuple[str, torch.dty
 
 
 def replay_capture(cap: Capture, *, intended: str | None = None, step: int | None = None,
-                   user_paths: Sequence[str] = (), bisect: bool = True) -> DiagnosisResult | None:
+                   user_paths: Sequence[str] = (), bisect: bool = True,
+                   on_progress: Callable[[str], None] | None = None) -> DiagnosisResult | None:
     """Diagnose the captured forward (+ its backward) op by op; None when it ran in fp32.
 
     The replay runs with inference mode off, on normal copies of the tensors a forward under
     ``torch.inference_mode`` captured (an eval pass after training, Lightning's ``trainer.test()``):
     autograd refuses to save inference tensors for backward, and the fp32 shadow needs them.  The
-    copies cost one clone of that batch, on the replay path only.
+    copies cost one clone of that batch, on the replay path only.  ``on_progress`` is told what a
+    long keep-fp32 search is doing (``Session.on_progress``).
     """
     how = replay_precision(cap, intended)
     if how is None:
         return None
     name, dtype, autocast_on = how
     with torch.inference_mode(False):
-        return _replay(cap, name, dtype, autocast_on, step=step, user_paths=user_paths, bisect=bisect)
+        return _replay(cap, name, dtype, autocast_on, step=step, user_paths=user_paths, bisect=bisect,
+                       on_progress=on_progress)
 
 
 def _replay(cap: Capture, name: str, dtype: torch.dtype, autocast_on: bool, *, step: int | None,
-            user_paths: Sequence[str], bisect: bool) -> DiagnosisResult:
+            user_paths: Sequence[str], bisect: bool, on_progress: Callable[[str], None] | None) -> DiagnosisResult:
     scale = float(cap.scale) if cap.scale is not None else 1.0
     grads = [usable_seed(_normal(g32 if g32 is not None else g), scale) for g, g32 in zip(cap.grads, cap.grads_fp32)]
     program = OutputGradProgram(tree_map(_normal, cap.args), tree_map(_normal, cap.kwargs), grads,
@@ -77,7 +80,7 @@ def _replay(cap: Capture, name: str, dtype: torch.dtype, autocast_on: bool, *, s
     rng = RngSnapshot(cap.device, cpu=cap.rng_cpu, accel=cap.rng_device)
     with cap.running_stats_before():
         session = Session(cap.root, program, precision, user_paths=tuple(user_paths), rng=rng,
-                          call_site=cap.location)
+                          call_site=cap.location, on_progress=on_progress)
     try:
         with framework_autocast_off(cap.entered_inside):
             return diagnose_program(cap.root, program, precision, step=step, bisect=bisect,

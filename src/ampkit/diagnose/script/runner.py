@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ampkit._util.frames import UserFrames
+from ampkit._util.heartbeat import Heartbeat
 from ampkit.diagnose.script.checkup import (
     checkup_failed,
     checkup_ran,
@@ -55,13 +56,18 @@ from ampkit.diagnose.script.target import defined_tasks, require_module
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.findings import Finding
 
-__all__ = ["ScriptReport", "merge_replayed_findings", "run_script"]
+__all__ = ["HEARTBEAT_S", "ScriptReport", "merge_replayed_findings", "run_script"]
+
+HEARTBEAT_S = 10.0
+"""The end-of-run analysis (checkup replay, keep-fp32 search, ...) prints a progress line this often
+when it runs longer: a minute of silence after the script's last line looks like a hang."""
 
 
 class _Runner:
     def __init__(self, target: str, args: Sequence[str], *, module: bool, intended: str | None, replay: bool,
                  checkup: bool, bisect: bool, max_replays: int, sampler: Sampler | None, measure_speed: bool,
-                 on_os_exit: Callable[[ScriptReport], int] | None = None, compare_compiled: bool = False):
+                 on_os_exit: Callable[[ScriptReport], int] | None = None, compare_compiled: bool = False,
+                 heartbeat_s: float = HEARTBEAT_S):
         self.target, self.args, self.module = target, list(args), module
         self.on_os_exit = on_os_exit
         self._globals: dict[str, Any] = {}
@@ -85,6 +91,7 @@ class _Runner:
         self._replayed_roots: list[torch.nn.Module] = []
         self._settled: set[str] = set()
         self._replay_lock = threading.RLock()
+        self.heartbeat = Heartbeat("ampkit doctor", every_s=heartbeat_s)
         self.checkup_record: dict[str, Any] = {}
         """``ScriptReport.checkup``: whether the end-of-run fp32 checkup ran, on which step, else why not."""
 
@@ -97,7 +104,7 @@ class _Runner:
         with self._replay_lock, self.ctx.pause():
             try:
                 result = replay_capture(cap, intended=self.intended, step=step, user_paths=self.user_paths,
-                                        bisect=self.bisect)
+                                        bisect=self.bisect, on_progress=self.heartbeat.beat)
             except Exception as exc:  # a replay must never take the user's run down
                 self.replays.append({"why": why, "step": step, "error": f"{type(exc).__name__}: {exc}"})
                 print(f"ampkit doctor: could not replay step {step} ({why}): {type(exc).__name__}: {exc}",
@@ -253,9 +260,11 @@ class _Runner:
         if crash is not None:
             self._explain(crash)
         flags = requested_flags(self._globals)
-        finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed, flags=flags)
-        self._checkup(ended)
-        comparison, diverged = compare_last_step(self.ctx, self.compare_compiled and ended not in SIGNAL_EXIT_STATUS)
+        with self.heartbeat.phase(f"the script ended after {self.ctx.steps} optimizer step(s); analysing the run"):
+            finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed, flags=flags)
+            self._checkup(ended)
+            comparison, diverged = compare_last_step(self.ctx,
+                                                     self.compare_compiled and ended not in SIGNAL_EXIT_STATUS)
         models = self.ctx.models
         replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
                     for d, root in zip(self.diagnoses, self._replayed_roots) for f in d.findings]
@@ -359,6 +368,7 @@ def run_script(
     replay: bool = True, checkup: bool = True, bisect: bool = True, max_replays: int = 3,
     sampler: Sampler | None = None, measure_speed: bool = True,
     on_os_exit: Callable[[ScriptReport], int] | None = None, compare_compiled: bool = False,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> ScriptReport:
     """Run a training script as ``__main__`` under the doctor's watchers and return the findings.
 
@@ -379,6 +389,8 @@ def run_script(
             (``ScriptReport.ended``).
         compare_compiled: compare the last step compiled vs eager, module by module (``script.compiled``).
             The script itself runs eagerly under the doctor (``ScriptReport.compiled``).
+        heartbeat_s: while the end-of-run analysis runs longer than this, a progress line on stderr
+            every ``heartbeat_s`` seconds (what it is doing, how long it has taken).
 
     Raises:
         FileNotFoundError: ``target`` is not an existing file (``module=False``).
@@ -390,5 +402,5 @@ def run_script(
         require_module(os.fspath(target))
     runner = _Runner(os.fspath(target), args, module=module, intended=precision, replay=replay, checkup=checkup,
                      bisect=bisect, max_replays=max_replays, sampler=sampler, measure_speed=measure_speed,
-                     on_os_exit=on_os_exit, compare_compiled=compare_compiled)
+                     on_os_exit=on_os_exit, compare_compiled=compare_compiled, heartbeat_s=heartbeat_s)
     return runner.run()

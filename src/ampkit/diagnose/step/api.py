@@ -44,7 +44,7 @@ from ampkit.diagnose.core.stats import (
 )
 from ampkit.diagnose.step import compare
 from ampkit.diagnose.step.backward import backward_finding
-from ampkit.diagnose.step.effect import effect_finding, fold_gradient_twin
+from ampkit.diagnose.step.effect import effect_finding, fold_gradient_twin, spread_finding
 from ampkit.diagnose.step.events import (
     Producer,
     error_finding,
@@ -364,6 +364,8 @@ class _Diagnosis:
             candidates, scan = fp8_candidates_only(self.s.work, lp.recorder.order, candidates, scan, EFFECT_SCAN_LIMIT)
         outcome = bisect_keep_fp32(self.s, objective, candidates, reference_run=self.ref, scan=scan, baseline=out_sqnr)
         result.bisection = outcome.to_json()
+        if loss is not None and outcome.spread_gain_db is not None:
+            self.findings = [spread_finding(f, outcome) if f is loss else f for f in self.findings]
         if loss is not None and outcome.culprit is not None:
             named = effect_finding(loss, outcome, out_sqnr, exclusion=self.s.exclusion)
             self.findings = fold_gradient_twin([named if f is loss else f for f in self.findings], named)

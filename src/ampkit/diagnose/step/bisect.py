@@ -28,7 +28,13 @@ output is the culprit (``effect_culprit``): a module with a good SQNR of its own
 one whose bf16 output rounded the signal away (a projection of timesteps, coordinates with an
 offset), while the first module below the threshold only shows it.  The grow step then starts
 from the candidates in the order of their effect, so a single-module fix costs no further
-trial.  The scan costs one untraced step per candidate (at most ``EFFECT_SCAN_LIMIT``).
+trial.  When no candidate alone gains ``NO_EFFECT_DB`` and all of them together do not fix the
+step, the loss is spread over the model and the search stops there (``BisectOutcome.spread_gain_db``).
+
+Cost: without a non-finite value to chase (``Objective.need_finite`` false) a trial is judged
+by module outputs only, so it runs the forward alone, untraced: the scan costs one forward per
+candidate (at most ``EFFECT_SCAN_LIMIT``).  The final set is verified with the whole step,
+backward included.
 """
 
 from __future__ import annotations
@@ -50,9 +56,11 @@ from ampkit.policy import Fp32Policy
 
 __all__ = [
     "EFFECT_SCAN_LIMIT",
+    "NO_EFFECT_DB",
     "BisectOutcome",
     "Objective",
     "Trial",
+    "best_effect",
     "bisect_keep_fp32",
     "compress_names",
     "effect_candidates",
@@ -61,7 +69,13 @@ __all__ = [
 ]
 
 EFFECT_SCAN_LIMIT = 16
-"""Most single-module trials of the effect scan (each is one untraced step)."""
+"""Most single-module trials of the effect scan (each is one untraced forward)."""
+NO_EFFECT_DB = 1.0
+"""A scan whose best single-module gain is below this may have found a loss spread over the model:
+rounding that accumulates through many layers.  One more trial keeps every scanned module in fp32
+together; when that does not fix the step either, no small keep-fp32 set will, and the grow step
+is skipped (on a ResNet-50 it cost ten forwards for nothing).  When it does (the same loss in each
+of a few repeated blocks, fixed by ``blocks.*.fc``), the search goes on as usual."""
 
 
 @dataclass
@@ -100,13 +114,17 @@ class BisectOutcome:
     """The effect scan: candidate -> its single-module trial (empty when no scan ran)."""
     culprit: str | None = None
     """The module whose fp32 keeping alone restores the output most (``effect_culprit``)."""
+    spread_gain_db: float | None = None
+    """Set when the scan found the loss spread over the model: the best single-module gain, in dB."""
 
     def to_json(self) -> dict[str, Any]:
-        out = {"keep_fp32": self.keep_fp32, "reason": self.reason, "verification": self.verification,
+        out: dict[str, Any] = {"keep_fp32": self.keep_fp32, "reason": self.reason, "verification": self.verification,
                "trials": [t.to_json() for t in self.trials]}
         if self.effects:
             out["effects"] = {m: t.sqnr_db for m, t in self.effects.items()}
             out["culprit"] = self.culprit
+        if self.spread_gain_db is not None:
+            out["spread_gain_db"] = self.spread_gain_db
         return out
 
 
@@ -189,9 +207,20 @@ def effect_culprit(effects: dict[str, Trial], baseline: dict[str, float], *, min
         return max(inner, key=lambda n: _floor({"": effects[n].sqnr_db.get("", math.nan)}))
     if not effects:
         return None
+    best, gain = best_effect(effects, baseline)
+    return best if gain >= min_gain_db else None
+
+
+def best_effect(effects: dict[str, Trial], baseline: dict[str, float]) -> tuple[str, float]:
+    """The single-module trial that raised the worst target most, and by how many dB over ``baseline``.
+
+    >>> t = lambda out: Trial(keep=[], fixed=False, finite=True, sqnr_db={"": out})
+    >>> best_effect({"a": t(12.0), "b": t(2.5)}, {"": 2.0})
+    ('a', 10.0)
+    """
     floor = _floor({k: baseline.get(k, math.nan) for k in next(iter(effects.values())).sqnr_db})
     best = max(effects, key=lambda n: _floor(effects[n].sqnr_db))
-    return best if _floor(effects[best].sqnr_db) >= floor + min_gain_db else None
+    return best, _floor(effects[best].sqnr_db) - floor
 
 
 def compress_names(names: list[str], all_names: list[str]) -> list[str]:
@@ -236,8 +265,12 @@ class _Bisector:
         s = self.s
         s.reset_work()
         targets = self._targets()
+        if s.on_progress is not None:
+            s.on_progress(f"keep-fp32 search, trial {len(self.trials) + 1}")
+        # Without a non-finite value to chase, a trial is judged by module outputs alone: its
+        # backward is skipped (half the trial), and the final set's verification runs the whole step.
         with s.kept_fp32(keep):
-            r = s.run(s.work, mode="unit", trace=self.obj.need_finite, stats=False,
+            r = s.run(s.work, mode="unit", trace=self.obj.need_finite, stats=False, backward=self.obj.need_finite,
                       reference=self.obj.reference if targets else None, only=set(targets) or None)
         s.reset_work()
         sqnr = compare.module_sqnr(r.recorder.energies) if targets else {}
@@ -329,6 +362,13 @@ def bisect_keep_fp32(session: Session, objective: Objective, candidates: list[st
     b = _Bisector(session, objective, reference_run, max_trials)
     effects = b.scan(scan) if scan else {}
     culprit = effect_culprit(effects, baseline or {}) if effects else None
+    if effects and culprit is None and not objective.need_finite:
+        gain = best_effect(effects, baseline or {})[1]
+        if gain < NO_EFFECT_DB and not b.trial(list(effects)).fixed:
+            return BisectOutcome(None, b.trials, None,
+                                 f"spread: no module of the {len(effects)} tried, kept in fp32 alone, raised the "
+                                 f"output SQNR by {NO_EFFECT_DB:g} dB (best {gain:+.2f} dB), and all of them "
+                                 "together did not fix the step", effects, None, gain)
     if culprit is not None:
         ranked = sorted((c for c in effects if c != culprit), key=lambda c: -_floor(effects[c].sqnr_db))
         candidates = list(dict.fromkeys([culprit, *ranked, *candidates]))

@@ -20,7 +20,7 @@ from ampkit.diagnose.core.display import display_module, fp8_filter_fix, keep_fp
 from ampkit.diagnose.step.bisect import BisectOutcome
 from ampkit.findings import Finding
 
-__all__ = ["effect_finding", "fold_gradient_twin"]
+__all__ = ["effect_finding", "fold_gradient_twin", "spread_finding"]
 
 
 def _db(value: float | None) -> str:
@@ -70,6 +70,33 @@ def effect_finding(finding: Finding, outcome: BisectOutcome, out_sqnr: dict[str,
         "effects": {m: t.sqnr_db.get("") for m, t in outcome.effects.items()},
     }
     return dataclasses.replace(finding, module=culprit, message=message, fix=fix, evidence=evidence)
+
+
+def spread_finding(finding: Finding, outcome: BisectOutcome) -> Finding:
+    """``finding`` (activation PRECISION_LOSS) when the effect scan found the loss spread over the model.
+
+    Its generic advice (keep the module in fp32) was just tried and does not help, so the fix
+    says what was measured and what does.
+
+    >>> from ampkit.diagnose.step.bisect import Trial
+    >>> f = Finding(code="PRECISION_LOSS", severity="warning", message="m", fix="Keep 'a' in fp32", module="a",
+    ...             evidence={"kind": "activation", "sqnr_db": 18.0, "threshold_db": 20.0})
+    >>> trial = Trial(keep=["a"], fixed=False, finite=True, sqnr_db={"a": 18.0, "": 17.9})
+    >>> g = spread_finding(f, BisectOutcome(None, [trial], None, "spread", {"a": trial}, None, 0.01))
+    >>> g.evidence["judged_by"], g.evidence["best_single_gain_db"]
+    ('spread', 0.01)
+    """
+    if outcome.spread_gain_db is None:
+        return finding
+    tried = len(outcome.effects)
+    fix = (f"No single module restores it: each of the {tried} modules tried (at and upstream of "
+           f"{display_module(finding.module)}), kept in fp32 alone, moved the model output by "
+           f"{outcome.spread_gain_db:+.2f} dB at best, so the error is rounding that accumulates through many "
+           "layers, not one module's.  Confirm that it matters with `ampkit verify` against fp32; if it does, "
+           "train this model in fp32 rather than with a keep_fp32 list.")
+    return dataclasses.replace(finding, fix=fix, evidence={
+        **finding.evidence, "judged_by": "spread", "best_single_gain_db": outcome.spread_gain_db,
+        "effects": {m: t.sqnr_db.get("") for m, t in outcome.effects.items()}})
 
 
 def fold_gradient_twin(findings: list[Finding], named: Finding) -> list[Finding]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,8 +109,11 @@ class Session:
     """Copies of one model and the runs of one step program on them (see the module docstring)."""
 
     def __init__(self, model: nn.Module, program: StepProgram, precision: Precision, *,
-                 user_paths: tuple[str, ...] = (), rng: RngSnapshot | None = None, call_site: str | None = None) -> None:
+                 user_paths: tuple[str, ...] = (), rng: RngSnapshot | None = None, call_site: str | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> None:
         self.model = unwrap_model(model)
+        self.on_progress = on_progress
+        """Told what a long search is doing (``ampkit doctor``'s heartbeat); None: quiet."""
         self.call_site = call_site
         """The user's line that called the model in the step being replayed (``ampkit doctor SCRIPT``): the
         place of the ops no user frame runs (a built-in module's), and the frames below a run, the
@@ -178,9 +182,13 @@ class Session:
                 release_fp32(m)
 
     def run(self, model: nn.Module, *, mode: str, trace: bool = False, fp32: bool = False,
-            stats: bool = True, keep_outputs: bool = False,
+            stats: bool = True, keep_outputs: bool = False, backward: bool = True,
             reference: dict[str, list[list[torch.Tensor]]] | None = None, only: set[str] | None = None) -> RunResult:
-        """One forward + backward of the program on ``model`` (a copy), recorded as asked."""
+        """One forward + backward of the program on ``model`` (a copy), recorded as asked.
+
+        ``backward=False`` runs the forward only: for a question that only module outputs answer
+        (the keep-fp32 search of a precision loss), it saves the backward, about half of the run.
+        """
         self.rng.restore()
         for p in model.parameters():
             p.grad = None
@@ -201,7 +209,8 @@ class Session:
                             if origin is not None:
                                 result.loss_location = tracer.records[origin].location
                         tracer.end_forward()
-                    self.program.backward(fwd, "fp32" if fp32 else mode)
+                    if backward:
+                        self.program.backward(fwd, "fp32" if fp32 else mode)
             except Exception as exc:  # the caller turns known errors into findings and re-raises the rest
                 result.exception = exc
             if tracer is not None:
