@@ -365,7 +365,8 @@ class _Diagnosis:
         outcome = bisect_keep_fp32(self.s, objective, candidates, reference_run=self.ref, scan=scan, baseline=out_sqnr)
         result.bisection = outcome.to_json()
         if loss is not None and outcome.spread_gain_db is not None:
-            self.findings = [spread_finding(f, outcome) if f is loss else f for f in self.findings]
+            self.findings = [spread_finding(f, outcome, exclusion=self.s.exclusion) if f is loss else f
+                             for f in self.findings]
         if loss is not None and outcome.culprit is not None:
             named = effect_finding(loss, outcome, out_sqnr, exclusion=self.s.exclusion)
             self.findings = fold_gradient_twin([named if f is loss else f for f in self.findings], named)

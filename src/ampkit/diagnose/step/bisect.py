@@ -65,6 +65,7 @@ __all__ = [
     "compress_names",
     "effect_candidates",
     "effect_culprit",
+    "kept_phrase",
     "rank_candidates",
 ]
 
@@ -223,6 +224,11 @@ def best_effect(effects: dict[str, Trial], baseline: dict[str, float]) -> tuple[
     return best, _floor(effects[best].sqnr_db) - floor
 
 
+def kept_phrase(exclusion: str) -> str:
+    """What a trial did to a module, in words: ``kept in fp32``, or ``kept out of fp8`` (``fp8_filter``)."""
+    return "kept out of fp8" if exclusion == "fp8_filter" else "kept in fp32"
+
+
 def compress_names(names: list[str], all_names: list[str]) -> list[str]:
     """Replace repeated-block names by a pattern when it matches exactly the same modules.
 
@@ -366,9 +372,9 @@ def bisect_keep_fp32(session: Session, objective: Objective, candidates: list[st
         gain = best_effect(effects, baseline or {})[1]
         if gain < NO_EFFECT_DB and not b.trial(list(effects)).fixed:
             return BisectOutcome(None, b.trials, None,
-                                 f"spread: no module of the {len(effects)} tried, kept in fp32 alone, raised the "
-                                 f"output SQNR by {NO_EFFECT_DB:g} dB (best {gain:+.2f} dB), and all of them "
-                                 "together did not fix the step", effects, None, gain)
+                                 f"spread: no module of the {len(effects)} tried, {kept_phrase(session.exclusion)} "
+                                 f"alone, raised the output SQNR by {NO_EFFECT_DB:g} dB (best {gain:+.2f} dB), and "
+                                 "all of them together did not fix the step", effects, None, gain)
     if culprit is not None:
         ranked = sorted((c for c in effects if c != culprit), key=lambda c: -_floor(effects[c].sqnr_db))
         candidates = list(dict.fromkeys([culprit, *ranked, *candidates]))

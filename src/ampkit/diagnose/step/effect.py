@@ -17,7 +17,7 @@ import dataclasses
 import math
 
 from ampkit.diagnose.core.display import display_module, fp8_filter_fix, keep_fp32_fix
-from ampkit.diagnose.step.bisect import BisectOutcome
+from ampkit.diagnose.step.bisect import BisectOutcome, kept_phrase
 from ampkit.findings import Finding
 
 __all__ = ["effect_finding", "fold_gradient_twin", "spread_finding"]
@@ -55,7 +55,7 @@ def effect_finding(finding: Finding, outcome: BisectOutcome, out_sqnr: dict[str,
     shows = (f"; its own output is {_db(own)} from fp32, so the loss first shows in {display_module(first)}'s output "
              f"({_db(finding.evidence.get('sqnr_db'))})" if first != culprit else
              f"; its own output is {_db(own)} from fp32")
-    kept = "kept out of fp8" if exclusion == "fp8_filter" else "kept in fp32"
+    kept = kept_phrase(exclusion)
     message = (f"{display_module(culprit)} loses the signal in {finding.evidence.get('precision', 'low precision')} "
                f"with no overflow: {kept} alone, it brings the model output from {_db(before)} to {_db(after)} "
                f"SQNR against fp32 (threshold {threshold:g} dB){shows}" if isinstance(threshold, float) else
@@ -67,16 +67,21 @@ def effect_finding(finding: Finding, outcome: BisectOutcome, out_sqnr: dict[str,
     evidence = {
         **finding.evidence, "judged_by": "output_effect", "first_below_threshold": first, "module_sqnr_db": own,
         "output_sqnr_db_before": before, "output_sqnr_db_after": after,
-        "effects": {m: t.sqnr_db.get("") for m, t in outcome.effects.items()},
+        "effects": _output_effects(outcome),
     }
     return dataclasses.replace(finding, module=culprit, message=message, fix=fix, evidence=evidence)
 
 
-def spread_finding(finding: Finding, outcome: BisectOutcome) -> Finding:
+def _output_effects(outcome: BisectOutcome) -> dict[str, float | None]:
+    """The model output's SQNR with each scanned module excluded alone (the evidence's ``effects``)."""
+    return {m: t.sqnr_db.get("") for m, t in outcome.effects.items()}
+
+
+def spread_finding(finding: Finding, outcome: BisectOutcome, *, exclusion: str = "keep_fp32") -> Finding:
     """``finding`` (activation PRECISION_LOSS) when the effect scan found the loss spread over the model.
 
-    Its generic advice (keep the module in fp32) was just tried and does not help, so the fix
-    says what was measured and what does.
+    Its generic advice (keep the module in fp32, or out of fp8) was just tried and does not help,
+    so the fix says what was measured and what does.  ``exclusion`` as for ``effect_finding``.
 
     >>> from ampkit.diagnose.step.bisect import Trial
     >>> f = Finding(code="PRECISION_LOSS", severity="warning", message="m", fix="Keep 'a' in fp32", module="a",
@@ -85,18 +90,21 @@ def spread_finding(finding: Finding, outcome: BisectOutcome) -> Finding:
     >>> g = spread_finding(f, BisectOutcome(None, [trial], None, "spread", {"a": trial}, None, 0.01))
     >>> g.evidence["judged_by"], g.evidence["best_single_gain_db"]
     ('spread', 0.01)
+    >>> spread_finding(f, BisectOutcome(None, [trial], None, "spread", {"a": trial}, None, 0.01),
+    ...                exclusion="fp8_filter").fix.split(", moved")[0]
+    'No single module restores it: each of the 1 modules tried, kept out of fp8 alone'
     """
     if outcome.spread_gain_db is None:
         return finding
-    tried = len(outcome.effects)
-    fix = (f"No single module restores it: each of the {tried} modules tried (at and upstream of "
-           f"{display_module(finding.module)}), kept in fp32 alone, moved the model output by "
-           f"{outcome.spread_gain_db:+.2f} dB at best, so the error is rounding that accumulates through many "
-           "layers, not one module's.  Confirm that it matters with `ampkit verify` against fp32; if it does, "
-           "train this model in fp32 rather than with a keep_fp32 list.")
+    instead = ("train this model in fp32 rather than with a keep_fp32 list" if exclusion == "keep_fp32" else
+               "leave this model's layers out of fp8 (bf16 autocast) rather than with an fp8_filter list")
+    fix = (f"No single module restores it: each of the {len(outcome.effects)} modules tried, "
+           f"{kept_phrase(exclusion)} alone, moved the model output by {outcome.spread_gain_db:+.2f} dB at best, "
+           "so the error is rounding that accumulates through many layers, not one module's.  Confirm that it "
+           f"matters with `ampkit verify` against fp32; if it does, {instead}.")
     return dataclasses.replace(finding, fix=fix, evidence={
         **finding.evidence, "judged_by": "spread", "best_single_gain_db": outcome.spread_gain_db,
-        "effects": {m: t.sqnr_db.get("") for m, t in outcome.effects.items()}})
+        "effects": _output_effects(outcome)})
 
 
 def fold_gradient_twin(findings: list[Finding], named: Finding) -> list[Finding]:
