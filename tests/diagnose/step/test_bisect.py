@@ -112,24 +112,44 @@ class Branches(nn.Module):
         return sum((b(x) for b in self.branches), torch.zeros(()))
 
 
+def test_bisect_stops_after_one_trial_when_all_scanned_together_gain_under_the_culprit_bar() -> None:
+    # 64 branches: the 16 scanned modules kept in fp32 together leave most branches' error, so the
+    # output gains about 1 dB, under CULPRIT_GAIN_DB: no subset of them fixes the step and none alone
+    # can be named, so the search stops after that one trial (no single-module scan, no grow).
+    from ampkit.diagnose.step.bisect import CULPRIT_GAIN_DB, EFFECT_SCAN_LIMIT
+
+    result = diagnose_step(Branches(64), dm.bf16_run(torch.randn(16, 8)), precision="bf16")
+    bisection = result.bisection
+    assert result.keep_fp32 is None
+    assert bisection["reason"].startswith("spread: the") and "effects" not in bisection
+    assert 0 < bisection["spread_gain_db"] < CULPRIT_GAIN_DB
+    assert bisection["spread_modules"] == EFFECT_SCAN_LIMIT
+    (together,) = bisection["trials"]
+    assert len(together["keep_fp32"]) == EFFECT_SCAN_LIMIT and not together["fixed"]
+    (loss,) = [f for f in result.findings if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"]
+    assert loss.evidence["judged_by"] == "spread" and loss.evidence["tried_together"] == EFFECT_SCAN_LIMIT
+    assert loss.fix.startswith(f"No small keep_fp32 list restores it: the {EFFECT_SCAN_LIMIT} modules tried")
+
+
 def test_bisect_stops_at_a_loss_spread_over_more_branches_than_it_scans() -> None:
-    # 24 branches: one in fp32 gains 0.2 dB; the 16 scanned modules (8 branches and their fc)
-    # together leave 16 branches' error, 1.8 dB better: still far below 20 dB.
-    from ampkit.diagnose.step.bisect import EFFECT_SCAN_LIMIT, NO_EFFECT_DB
+    # 24 branches: all 16 scanned modules together gain over CULPRIT_GAIN_DB without fixing the
+    # step, so each is tried alone; one branch in fp32 gains 0.2 dB, under NO_EFFECT_DB: spread.
+    from ampkit.diagnose.step.bisect import CULPRIT_GAIN_DB, EFFECT_SCAN_LIMIT, NO_EFFECT_DB
 
     result = diagnose_step(Branches(24), dm.bf16_run(torch.randn(16, 8)), precision="bf16")
     bisection = result.bisection
     assert result.keep_fp32 is None
-    assert bisection["culprit"] is None and bisection["reason"].startswith("spread")
-    assert bisection["spread_gain_db"] < NO_EFFECT_DB
+    assert bisection["culprit"] is None and bisection["reason"].startswith("spread: no module")
+    assert bisection["spread_gain_db"] >= CULPRIT_GAIN_DB
     scanned = len(bisection["effects"])
     assert scanned == EFFECT_SCAN_LIMIT
-    assert len(bisection["trials"]) == scanned + 1  # the scan, then one trial of all of them: no grow
-    together = bisection["trials"][-1]
+    assert len(bisection["trials"]) == 1 + scanned  # all of them together, then each alone: no grow
+    together = bisection["trials"][0]
     assert sorted(together["keep_fp32"]) == sorted(bisection["effects"]) and not together["fixed"]
+    assert max(bisection["effects"][m][""] for m in bisection["effects"]) - result.comparison["output_sqnr_db"][""] \
+        < NO_EFFECT_DB
     (loss,) = [f for f in result.findings if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"]
-    assert loss.evidence["judged_by"] == "spread"
-    assert loss.fix.startswith(f"No single module restores it: each of the {scanned} modules tried")
+    assert loss.evidence["judged_by"] == "spread" and set(loss.evidence["effects"]) == set(bisection["effects"])
 
 
 def test_bisect_keeps_searching_when_all_scanned_branches_together_fix_the_step() -> None:

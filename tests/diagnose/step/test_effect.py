@@ -65,7 +65,8 @@ def test_effect_scan_trials_each_candidate_alone_and_a_single_fix_needs_no_grow_
     result = diagnose_step(OffsetNet(), dm.bf16_run(torch.randn(16, 8)), precision="bf16")
     bisection = result.bisection
     assert set(bisection["effects"]) == {"proj", "center", "head"}
-    assert [t["keep_fp32"] for t in bisection["trials"]] == [["proj"], ["center"], ["head"]]
+    # all of them together first (the most any subset restores: here it fixes the step), then each alone
+    assert [t["keep_fp32"] for t in bisection["trials"]] == [["proj", "center", "head"], ["proj"], ["center"], ["head"]]
     assert bisection["culprit"] == "proj" and bisection["verification"]["verified"]
 
 

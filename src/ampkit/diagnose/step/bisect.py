@@ -28,12 +28,15 @@ output is the culprit (``effect_culprit``): a module with a good SQNR of its own
 one whose bf16 output rounded the signal away (a projection of timesteps, coordinates with an
 offset), while the first module below the threshold only shows it.  The grow step then starts
 from the candidates in the order of their effect, so a single-module fix costs no further
-trial.  When no candidate alone gains ``NO_EFFECT_DB`` and all of them together do not fix the
-step, the loss is spread over the model and the search stops there (``BisectOutcome.spread_gain_db``).
+trial.  Before the singles, one trial keeps every candidate of the scan in fp32 together, the
+most any subset of them can restore: when that does not fix the step and raises the output by
+less than ``CULPRIT_GAIN_DB``, no subset fixes it and no single one is a culprit, so the loss is
+spread over the model and the search stops after that one trial (``BisectOutcome.spread_gain_db``).
+It is spread too when the singles run and none gains ``NO_EFFECT_DB``.
 
 Cost: without a non-finite value to chase (``Objective.need_finite`` false) a trial is judged
 by module outputs only, so it runs the forward alone, untraced: the scan costs one forward per
-candidate (at most ``EFFECT_SCAN_LIMIT``).  The final set is verified with the whole step,
+candidate (at most ``EFFECT_SCAN_LIMIT``), plus the one of all of them.  The final set is verified with the whole step,
 backward included.
 """
 
@@ -55,6 +58,7 @@ from ampkit.diagnose.step.session import RunResult, Session, copy_model
 from ampkit.policy import Fp32Policy
 
 __all__ = [
+    "CULPRIT_GAIN_DB",
     "EFFECT_SCAN_LIMIT",
     "NO_EFFECT_DB",
     "BisectOutcome",
@@ -71,12 +75,17 @@ __all__ = [
 
 EFFECT_SCAN_LIMIT = 16
 """Most single-module trials of the effect scan (each is one untraced forward)."""
+CULPRIT_GAIN_DB = 3.0
+"""A module that fixes nothing alone is still named the culprit when keeping it in fp32 raises the
+output by this much (``effect_culprit``).  When every scanned module kept in fp32 *together* gains
+less and does not fix the step, no single one can be a culprit nor a fix, so the singles are not
+run: the loss is spread over the model."""
 NO_EFFECT_DB = 1.0
-"""A scan whose best single-module gain is below this may have found a loss spread over the model:
-rounding that accumulates through many layers.  One more trial keeps every scanned module in fp32
-together; when that does not fix the step either, no small keep-fp32 set will, and the grow step
-is skipped (on a ResNet-50 it cost ten forwards for nothing).  When it does (the same loss in each
-of a few repeated blocks, fixed by ``blocks.*.fc``), the search goes on as usual."""
+"""Keeping every scanned module in fp32 together, or any one of them alone, gains less than this and
+the step is not fixed: the loss is spread over the model, rounding that accumulates through many
+layers, and no small keep-fp32 set removes it.  The search stops (on a ResNet-50 the singles and
+the grow step cost 26 forwards for nothing).  When all of them together do fix the step (the same
+loss in each of a few repeated blocks, fixed by ``blocks.*.fc``), the search goes on as usual."""
 
 
 @dataclass
@@ -116,7 +125,10 @@ class BisectOutcome:
     culprit: str | None = None
     """The module whose fp32 keeping alone restores the output most (``effect_culprit``)."""
     spread_gain_db: float | None = None
-    """Set when the scan found the loss spread over the model: the best single-module gain, in dB."""
+    """Set when the search found the loss spread over the model: the output's gain, in dB, with all the
+    scanned modules excluded together (the most any subset of them reached)."""
+    spread_modules: int = 0
+    """How many modules that trial excluded together."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"keep_fp32": self.keep_fp32, "reason": self.reason, "verification": self.verification,
@@ -125,7 +137,7 @@ class BisectOutcome:
             out["effects"] = {m: t.sqnr_db for m, t in self.effects.items()}
             out["culprit"] = self.culprit
         if self.spread_gain_db is not None:
-            out["spread_gain_db"] = self.spread_gain_db
+            out["spread_gain_db"], out["spread_modules"] = self.spread_gain_db, self.spread_modules
         return out
 
 
@@ -186,7 +198,8 @@ def _floor(values: dict[str, float]) -> float:
     return min((-math.inf if math.isnan(v) else v for v in values.values()), default=-math.inf)
 
 
-def effect_culprit(effects: dict[str, Trial], baseline: dict[str, float], *, min_gain_db: float = 3.0) -> str | None:
+def effect_culprit(effects: dict[str, Trial], baseline: dict[str, float], *,
+                   min_gain_db: float = CULPRIT_GAIN_DB) -> str | None:
     """The module whose fp32 keeping alone restores the output: the culprit of a precision loss.
 
     Among the single-module trials that fixed the step, the innermost (a parent that fixes it
@@ -366,15 +379,25 @@ def bisect_keep_fp32(session: Session, objective: Objective, candidates: list[st
     targets' SQNR of the step as it ran, against which the scan's gain is judged.
     """
     b = _Bisector(session, objective, reference_run, max_trials)
-    effects = b.scan(scan) if scan else {}
+    tried = [c for c in dict.fromkeys(scan or []) if c]
+    together = b.trial(tried) if tried and not objective.need_finite else None
+    floor = _floor({k: (baseline or {}).get(k, math.nan) for k in together.sqnr_db}) if together else 0.0
+    spread = together is not None and together.finite and together.error is None and not together.fixed
+    kept = kept_phrase(session.exclusion)
+    if together is not None and spread and _floor(together.sqnr_db) - floor < CULPRIT_GAIN_DB:
+        gain = _floor(together.sqnr_db) - floor
+        return BisectOutcome(None, b.trials, None,
+                             f"spread: the {len(tried)} modules tried, {kept} all together, raised the output SQNR "
+                             f"by {gain:+.2f} dB (under {CULPRIT_GAIN_DB:g} dB) and did not fix the step, so no "
+                             "subset of them fixes it and none alone is a culprit", {}, None, gain, len(tried))
+    effects = b.scan(tried) if tried else {}
     culprit = effect_culprit(effects, baseline or {}) if effects else None
-    if effects and culprit is None and not objective.need_finite:
-        gain = best_effect(effects, baseline or {})[1]
-        if gain < NO_EFFECT_DB and not b.trial(list(effects)).fixed:
-            return BisectOutcome(None, b.trials, None,
-                                 f"spread: no module of the {len(effects)} tried, {kept_phrase(session.exclusion)} "
-                                 f"alone, raised the output SQNR by {NO_EFFECT_DB:g} dB (best {gain:+.2f} dB), and "
-                                 "all of them together did not fix the step", effects, None, gain)
+    if together is not None and spread and culprit is None and best_effect(effects, baseline or {})[1] < NO_EFFECT_DB:
+        gain = _floor(together.sqnr_db) - floor
+        return BisectOutcome(None, b.trials, None,
+                             f"spread: no module of the {len(effects)} tried, {kept} alone, raised the output SQNR "
+                             f"by {NO_EFFECT_DB:g} dB, and all of them together ({gain:+.2f} dB) did not fix the step",
+                             effects, None, gain, len(tried))
     if culprit is not None:
         ranked = sorted((c for c in effects if c != culprit), key=lambda c: -_floor(effects[c].sqnr_db))
         candidates = list(dict.fromkeys([culprit, *ranked, *candidates]))

@@ -78,7 +78,7 @@ def _output_effects(outcome: BisectOutcome) -> dict[str, float | None]:
 
 
 def spread_finding(finding: Finding, outcome: BisectOutcome, *, exclusion: str = "keep_fp32") -> Finding:
-    """``finding`` (activation PRECISION_LOSS) when the effect scan found the loss spread over the model.
+    """``finding`` (activation PRECISION_LOSS) when the keep-fp32 search found the loss spread over the model.
 
     Its generic advice (keep the module in fp32, or out of fp8) was just tried and does not help,
     so the fix says what was measured and what does.  ``exclusion`` as for ``effect_finding``.
@@ -86,25 +86,27 @@ def spread_finding(finding: Finding, outcome: BisectOutcome, *, exclusion: str =
     >>> from ampkit.diagnose.step.bisect import Trial
     >>> f = Finding(code="PRECISION_LOSS", severity="warning", message="m", fix="Keep 'a' in fp32", module="a",
     ...             evidence={"kind": "activation", "sqnr_db": 18.0, "threshold_db": 20.0})
-    >>> trial = Trial(keep=["a"], fixed=False, finite=True, sqnr_db={"a": 18.0, "": 17.9})
-    >>> g = spread_finding(f, BisectOutcome(None, [trial], None, "spread", {"a": trial}, None, 0.01))
-    >>> g.evidence["judged_by"], g.evidence["best_single_gain_db"]
+    >>> trial = Trial(keep=["a", "b"], fixed=False, finite=True, sqnr_db={"": 17.9})
+    >>> g = spread_finding(f, BisectOutcome(None, [trial], None, "spread", {}, None, 0.01, 2))
+    >>> g.evidence["judged_by"], g.evidence["together_gain_db"]
     ('spread', 0.01)
-    >>> spread_finding(f, BisectOutcome(None, [trial], None, "spread", {"a": trial}, None, 0.01),
+    >>> spread_finding(f, BisectOutcome(None, [trial], None, "spread", {}, None, 0.01, 2),
     ...                exclusion="fp8_filter").fix.split(", moved")[0]
-    'No single module restores it: each of the 1 modules tried, kept out of fp8 alone'
+    'No small fp8_filter list restores it: the 2 modules tried, kept out of fp8 all together'
     """
     if outcome.spread_gain_db is None:
         return finding
     instead = ("train this model in fp32 rather than with a keep_fp32 list" if exclusion == "keep_fp32" else
                "leave this model's layers out of fp8 (bf16 autocast) rather than with an fp8_filter list")
-    fix = (f"No single module restores it: each of the {len(outcome.effects)} modules tried, "
-           f"{kept_phrase(exclusion)} alone, moved the model output by {outcome.spread_gain_db:+.2f} dB at best, "
+    fix = (f"No small {exclusion} list restores it: the {outcome.spread_modules} modules tried, "
+           f"{kept_phrase(exclusion)} all together, moved the model output by {outcome.spread_gain_db:+.2f} dB, "
            "so the error is rounding that accumulates through many layers, not one module's.  Confirm that it "
            f"matters with `ampkit verify` against fp32; if it does, {instead}.")
-    return dataclasses.replace(finding, fix=fix, evidence={
-        **finding.evidence, "judged_by": "spread", "best_single_gain_db": outcome.spread_gain_db,
-        "effects": _output_effects(outcome)})
+    evidence = {**finding.evidence, "judged_by": "spread", "together_gain_db": outcome.spread_gain_db,
+                "tried_together": outcome.spread_modules}
+    if outcome.effects:
+        evidence["effects"] = _output_effects(outcome)
+    return dataclasses.replace(finding, fix=fix, evidence=evidence)
 
 
 def fold_gradient_twin(findings: list[Finding], named: Finding) -> list[Finding]:
