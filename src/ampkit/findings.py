@@ -14,8 +14,11 @@ each code).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from ampkit._util.dtypes import dtype_name
 
 __all__ = [
     "BF16_NEEDS_NO_SCALER",
@@ -25,9 +28,11 @@ __all__ = [
     "SCALE_COLLAPSE_CAUSES",
     "SEVERITY_ORDER",
     "Cause",
+    "Code",
     "Finding",
     "Severity",
     "accelerate_fp16_off",
+    "loss_in_low_precision",
     "mixed_precision_off",
     "nonfinite_input",
     "scale_collapse",
@@ -38,8 +43,39 @@ Severity = Literal["error", "warning", "info"]
 
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
 
-# Stable codes (docs/findings.md) and the severity each one has unless evidence says otherwise.
-CODES: dict[str, Severity] = {
+Code = Literal[
+    "FORWARD_OVERFLOW",
+    "FORWARD_NAN",
+    "CAST_OVERFLOW",
+    "DTYPE_MISMATCH",
+    "BACKWARD_OVERFLOW",
+    "GRADIENT_UNDERFLOW",
+    "NONFINITE_INPUT",
+    "SCALE_COLLAPSE",
+    "LOSS_IN_LOW_PRECISION",
+    "NO_LOSS_SCALING",
+    "SCALER_WITH_BF16",
+    "LOW_PRECISION_PARAMS",
+    "CLIP_BEFORE_UNSCALE",
+    "UNSCALE_ORDER_ERROR",
+    "ACCUMULATION_SCALE_CHANGE",
+    "SCHEDULER_STEPPED_ON_SKIP",
+    "CHECKPOINT_MISSING_SCALER",
+    "STALE_WEIGHT_CACHE",
+    "AUTOCAST_INACTIVE",
+    "SLOW_LOW_PRECISION",
+    "NORM_STATS_NONFINITE",
+    "PRECISION_LOSS",
+    "MIXED_PRECISION_OFF",
+    "COMPILED_DIVERGENCE",
+    "FP8_FLUSH",
+    "SLOW_FP8_GEMM",
+    "FORKED_CHILD_UNOBSERVED",
+]
+"""The stable finding codes (docs/findings.md): a misspelled code fails the type check, not a user's run."""
+
+# The severity each code has unless evidence says otherwise.
+CODES: dict[Code, Severity] = {
     "FORWARD_OVERFLOW": "error",
     "FORWARD_NAN": "error",
     "CAST_OVERFLOW": "error",
@@ -74,8 +110,8 @@ CODES: dict[str, Severity] = {
 class Finding:
     """One diagnosed problem, serialised as an entry of ``ampkit.doctor/1``'s ``findings``."""
 
-    code: str
-    """A key of ``CODES``."""
+    code: Code
+    """One of the stable codes (``Code``, the keys of ``CODES``)."""
     severity: Severity
     """``error`` (exit 1), ``warning`` or ``info``."""
     message: str
@@ -221,3 +257,36 @@ def accelerate_fp16_off(device: str) -> tuple[str, str]:
     return (f"Accelerate enables fp16 autocast and its GradScaler only on an accelerator (CUDA, XPU, ...) and this "
             f"run is on {device}, so it trains in fp32 with only a log line saying so",
             "run on a GPU, or ask for bf16 instead (bf16=True / mixed_precision='bf16'), which runs on CPU")
+
+
+_SIGNIFICANT_BITS = {"fp16": 11, "bf16": 8}
+_LARGEST = {"fp16": 65504.0, "bf16": 3.3895313892515355e38}
+
+
+def loss_in_low_precision(dtype: Any, *, scale: float | None = None, overflowed: bool = False) -> tuple[str, str]:
+    """LOSS_IN_LOW_PRECISION's message and fix, for every emitter.
+
+    ``dtype``: the loss's dtype (``torch.float16`` or its name); ``scale``: the loss scale applied
+    to it, when the emitter knows it (None: not known); ``overflowed``: scaling it already
+    overflowed (the error form, reported by the script doctor's scaler watcher).
+
+    >>> loss_in_low_precision("float16", scale=1024.0)[0]
+    'the loss is a fp16 tensor: its value and its gradient seed are rounded to fp16 (11 significant bits), and scaling it by 1024 keeps it in fp16, where it can overflow'
+    >>> loss_in_low_precision("bfloat16")[1]
+    'compute the loss in fp32: call .float() on the model output before the loss, e.g. `loss = loss_fn(output.float(), target)`, or compute it outside the autocast block'
+    """
+    name = dtype_name(dtype)
+    message = (f"the loss is a {name} tensor: its value and its gradient seed are rounded to {name} "
+               f"({_SIGNIFICANT_BITS.get(name, '?')} significant bits)")
+    if overflowed:
+        message += (f", and scaling it overflowed {name}: backward starts from d(loss × scale)/d(loss) = scale, "
+                    f"rounded to {name} (largest {_LARGEST.get(name, math.inf):g}), so every step at a larger scale "
+                    "is skipped although the loss itself was finite")
+    elif scale is None:
+        message += f", and under loss scaling loss × scale can overflow {name}"
+    elif scale != 1.0:
+        message += f", and scaling it by {scale:g} keeps it in {name}, where it can overflow"
+    fix = ("compute the loss in fp32: call .float() on the model output before the loss, e.g. "
+           "`loss = loss_fn(output.float(), target)`, or compute it outside the autocast block"
+           + (", so that loss × scale stays finite" if overflowed else ""))
+    return message, fix

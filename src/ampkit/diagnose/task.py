@@ -25,7 +25,7 @@ from ampkit.diagnose.core.perf import fp8_gemm_speed, low_precision_speed
 from ampkit.diagnose.step.api import diagnose_step
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.env import collect_environment
-from ampkit.findings import Finding
+from ampkit.findings import Code, Finding
 from ampkit.mixed_precision import MixedPrecision
 from ampkit.precision import Precision
 
@@ -35,8 +35,8 @@ __all__ = ["collapse_repeated_findings", "diagnose_task"]
 def collapse_repeated_findings(findings: list[Finding]) -> list[Finding]:
     """The same finding seen at several steps, collapsed: one per (code, module, op), the steps it
     occurred at in ``evidence.steps``."""
-    merged: dict[tuple[str, str | None, str | None], Finding] = {}
-    steps: dict[tuple[str, str | None, str | None], list[int]] = {}
+    merged: dict[tuple[Code, str | None, str | None], Finding] = {}
+    steps: dict[tuple[Code, str | None, str | None], list[int]] = {}
     for f in findings:
         key = (f.code, f.module, f.op)
         if key not in merged:

@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ampkit.findings import CODES, Finding
+from ampkit.findings import CODES, Code, Finding
 
 if TYPE_CHECKING:
     from ampkit.telemetry.source import StepSource
@@ -42,7 +42,7 @@ class AlarmEvent:
 
     alarm: str
     """The alarm's name: ``SCALE_COLLAPSE``, ``SKIP_RATE``, ``GRAD_NORM_SPIKE``, ``LOSS_NONFINITE``."""
-    code: str | None
+    code: Code | None
     """The doctor finding code this event is evidence for (``SCALE_COLLAPSE``, ``NONFINITE_INPUT``), or None."""
     step: int
     """The optimizer step the alarm fired on."""

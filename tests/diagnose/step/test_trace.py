@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ampkit.diagnose.step.api import diagnose_step
+from ampkit.findings import loss_in_low_precision
 from diagnose import doctor_models as dm
 
 MODELS = os.path.abspath(dm.__file__)
@@ -160,6 +161,7 @@ def test_trace_loss_in_low_precision_is_reported_with_its_line() -> None:
     result = diagnose_step(model, run, precision="bf16")
     (f,) = [f for f in result.findings if f.code == "LOSS_IN_LOW_PRECISION"]
     assert f.evidence["loss_dtype"] == "bfloat16"
+    assert (f.message, f.fix) == loss_in_low_precision(torch.bfloat16, scale=1.0)  # the one wording of every emitter
     assert f.location is not None and f.location.split(":")[-1] == str(dm.line_of(__file__, "bf16-loss"))
 
 

@@ -60,12 +60,11 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from ampkit._util.autograd import sole_cast_consumers
-from ampkit._util.dtypes import dtype_name
 from ampkit._util.host import HostCopy
 from ampkit.diagnose.core.display import sort_findings
 from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.live.findings import scale_collapse_finding, seed_finding
-from ampkit.findings import Finding
+from ampkit.findings import Finding, loss_in_low_precision
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 
 if TYPE_CHECKING:
@@ -347,15 +346,9 @@ class ReplayDoctor(EngineHook):
                       if x.dtype in (torch.float16, torch.bfloat16)})
         if low and not self._loss_reported:
             self._loss_reported = True
-            found.append(Finding(
-                code="LOSS_IN_LOW_PRECISION", severity="warning",
-                message=(f"the loss passed to mp.backward() is {dtype_name(low[0])}: its value and its gradient seed "
-                         f"are rounded to {dtype_name(low[0])}, and scaling it keeps it in {dtype_name(low[0])}, "
-                         "where it can overflow"),
-                fix=("Compute the loss from fp32 values: loss_fn(output.float(), target), or compute it outside the "
-                     "autocast block."),
-                step=cap.step, evidence={"loss_dtype": low[0]},
-            ))
+            message, fix = loss_in_low_precision(low[0], scale=_scale_value(cap))
+            found.append(Finding(code="LOSS_IN_LOW_PRECISION", severity="warning", message=message, fix=fix,
+                                 step=cap.step, evidence={"loss_dtype": low[0]}))
         found = sort_findings(found)
         self.findings.extend(found)
         _log(cap.step, reason, found)

@@ -26,7 +26,7 @@ from ampkit._util.frames import UserFrames
 from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.order import explain_order
 from ampkit.diagnose.script.where import Where, where_raised
-from ampkit.findings import Finding
+from ampkit.findings import Code, Finding
 
 __all__ = ["exception_finding", "explain_exception"]
 
@@ -85,7 +85,7 @@ def explain_exception(exc: BaseException, code: UserFrames, names: dict[int, str
     return None
 
 
-def exception_finding(exc: BaseException, code: str, message: str, fix: str, *, location: str | None,
+def exception_finding(exc: BaseException, code: Code, message: str, fix: str, *, location: str | None,
                       module: str | None, step: int | None, where: Where,
                       evidence: dict[str, Any] | None = None) -> Finding:
     """The finding of an explained exception: the explanation, then the user's line and source text,

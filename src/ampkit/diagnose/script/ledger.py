@@ -6,14 +6,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampkit.findings import CODES, SEVERITY_ORDER, Finding, Severity
+from ampkit.findings import CODES, SEVERITY_ORDER, Code, Finding, Severity
 
 __all__ = ["Ledger"]
 
 
 @dataclass
 class _Entry:
-    code: str
+    code: Code
     severity: Severity
     message: str
     fix: str
@@ -42,7 +42,7 @@ class Ledger:
         self._lock = threading.Lock()
         """Findings arrive from every thread that trains: a lookup and its insert or count are one step."""
 
-    def add(self, code: str, *, message: str, fix: str, key: Any = None, severity: Severity | None = None,
+    def add(self, code: Code, *, message: str, fix: str, key: Any = None, severity: Severity | None = None,
             module: str | None = None, op: str | None = None, location: str | None = None,
             step: int | None = None, evidence: dict[str, Any] | None = None) -> bool:
         """Record a finding; returns True when it is the first of its ``(code, key)``."""
@@ -52,7 +52,7 @@ class Ledger:
             return self._add(code, message=message, fix=fix, key=key, severity=severity, module=module, op=op,
                              location=location, step=step, evidence=evidence)
 
-    def _add(self, code: str, *, message: str, fix: str, key: Any, severity: Severity | None, module: str | None,
+    def _add(self, code: Code, *, message: str, fix: str, key: Any, severity: Severity | None, module: str | None,
              op: str | None, location: str | None, step: int | None, evidence: dict[str, Any] | None) -> bool:
         entry = self._entries.get((code, key))
         if entry is not None:

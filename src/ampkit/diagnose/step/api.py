@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_location, display_module, sort_findings
 from ampkit.diagnose.core.stats import (
     FORMATS,
@@ -58,7 +57,7 @@ from ampkit.diagnose.step.programs import LossProgram, StepProgram
 from ampkit.diagnose.step.result import DiagnosisResult, Headroom
 from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.diagnose.step.trace import TraceLog
-from ampkit.findings import Finding
+from ampkit.findings import Finding, loss_in_low_precision
 from ampkit.fp8 import fp8_layer_names
 from ampkit.precision import Precision
 from ampkit.thresholds import THRESHOLDS, is_borderline
@@ -201,15 +200,9 @@ class _Diagnosis:
         s, log = self.s, lp.log
         fixable: list[Finding] = []
         if lp.loss_dtype in ("float16", "bfloat16"):
+            message, fix = loss_in_low_precision(lp.loss_dtype, scale=s.program.loss_scale)
             self.findings.append(Finding(
-                code="LOSS_IN_LOW_PRECISION", severity="warning",
-                message=(f"the loss is a {dtype_name(lp.loss_dtype)} tensor: its value and its gradient seed are "
-                         f"rounded to {dtype_name(lp.loss_dtype)}"
-                         + (f", and scaling it by {s.program.loss_scale:g} keeps it in "
-                            f"{dtype_name(lp.loss_dtype)}, where it can overflow"
-                                               if s.program.loss_scale != 1.0 else "")),
-                fix=("Compute the loss from fp32 values: loss_fn(logits.float(), target), or compute it outside "
-                     "the autocast block."),
+                code="LOSS_IN_LOW_PRECISION", severity="warning", message=message, fix=fix,
                 location=display_location(lp.loss_location), step=self.step,
                 evidence={"loss_dtype": lp.loss_dtype, "loss_scale": s.program.loss_scale},
             ))

@@ -30,7 +30,7 @@ from ampkit.diagnose.core.display import display_location, display_module, keep_
 from ampkit.diagnose.core.stats import FORMATS, tensor_stats
 from ampkit.diagnose.step.nanorigin import inf_source, nan_cause, nan_text
 from ampkit.diagnose.step.trace import CAST_OPS, OpError, OpRecord, TraceLog
-from ampkit.findings import Finding, Severity, nonfinite_input
+from ampkit.findings import Code, Finding, Severity, nonfinite_input
 
 __all__ = [
     "Producer",
@@ -120,6 +120,7 @@ def producer_finding(p: Producer, *, step_nonfinite: bool, step: int | None, mod
     if reference_absmax is not None:
         evidence["fp32_module_output_absmax"] = reference_absmax
     severity: Severity = "error" if step_nonfinite else "warning"
+    code: Code
     tail = "" if step_nonfinite else " The step still ended finite (the value was masked or saturated later)."
     ref = (f" The fp32 reference reaches |x| = {reference_absmax:.4g} in this module's output."
            if reference_absmax is not None else "")
@@ -149,7 +150,7 @@ def producer_finding(p: Producer, *, step_nonfinite: bool, step: int | None, mod
 
 
 def _nan_finding_text(p: Producer, log: TraceLog | None, where: str, tail: str, fp32_nan: bool | None,
-                      evidence: dict[str, Any]) -> tuple[str, str, str]:
+                      evidence: dict[str, Any]) -> tuple[Code, str, str]:
     """FORWARD_NAN's code, message and fix, by cause (``ampkit.diagnose.step.nanorigin``)."""
     rec = p.record
     cause = nan_cause(log, rec) if log is not None else "other"

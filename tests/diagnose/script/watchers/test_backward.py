@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ampkit.diagnose.script.watchers.backward import BackwardWatch
+from ampkit.findings import loss_in_low_precision
 from diagnose.script.observe import observe
 from diagnose.script.watchers.alone import watching
 
@@ -41,7 +42,9 @@ def test_backward_watch_alone_judges_the_loss_and_signals_a_nonfinite_one() -> N
     assert sorted(codes) == ["LOSS_IN_LOW_PRECISION", "NO_LOSS_SCALING"]
     for f in w.state.ledger.findings():
         assert f.location == f"{HERE}:{line}" and f.step == 1
-    assert w.state.ledger.findings()[codes.index("LOSS_IN_LOW_PRECISION")].evidence["loss_dtype"] == "fp16"
+    low = w.state.ledger.findings()[codes.index("LOSS_IN_LOW_PRECISION")]
+    assert low.evidence["loss_dtype"] == "fp16"
+    assert (low.message, low.fix) == loss_in_low_precision(torch.float16)  # the one wording of every emitter
     assert w.watcher.fp16_unscaled == [1]
     assert w.signals.calls == [("loss", 1, False), ("loss", 1, True)]
     assert w.services.scalers.backwards_since_update == 2

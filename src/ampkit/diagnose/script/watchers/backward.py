@@ -15,6 +15,7 @@ from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services.scalers import ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers.base import Watcher
+from ampkit.findings import loss_in_low_precision
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["BackwardWatch"]
@@ -82,16 +83,10 @@ class BackwardWatch(Watcher):
             )
         if loss.numel() == 1 and loss.dtype in LOW_PRECISION_DTYPES:
             location = self.state.frames.caller()
+            message, fix = loss_in_low_precision(loss.dtype)
             self.state.ledger.add(
-                "LOSS_IN_LOW_PRECISION", key=location,
-                message=(
-                    f"the loss is a {dtype_name(loss.dtype)} scalar: it carries "
-                    f"{'11' if loss.dtype == torch.float16 else '8'} significant bits, its reduction rounded "
-                    "every partial sum, and under loss scaling loss × scale can overflow"
-                ),
-                fix="compute the loss in fp32: call .float() on the model output before the loss, e.g. "
-                    "`loss = F.mse_loss(pred.float(), target)`",
-                location=location, step=self.state.step,
+                "LOSS_IN_LOW_PRECISION", key=location, message=message, fix=fix, location=location,
+                step=self.state.step,
                 evidence={"loss_dtype": dtype_name(loss.dtype)},
             )
         self._pending_loss = loss

@@ -26,6 +26,7 @@ from ampkit.diagnose.script.services.scalers import ScalerInfo, ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.diagnose.script.where import where_now
+from ampkit.findings import loss_in_low_precision
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["ScalerWatch"]
@@ -142,16 +143,9 @@ class ScalerWatch(Watcher):
                           location: str | None = location) -> None:
                     if v > 0:
                         self.scalers.scaled_overflow.add(it)
+                        message, fix = loss_in_low_precision(a_dtype, overflowed=True)
                         self.state.ledger.add(
-                            "LOSS_IN_LOW_PRECISION", key=location, severity="error",
-                            message=(
-                                f"the loss is a {dtype_name(a_dtype)} tensor, and scaling it overflowed "
-                                f"{dtype_name(a_dtype)}: backward starts from d(loss × scale)/d(loss) = scale, "
-                                f"rounded to {dtype_name(a_dtype)} (largest {torch.finfo(a_dtype).max:g}), so "
-                                "every step at a larger scale is skipped although the loss itself was finite"
-                            ),
-                            fix="compute the loss in fp32 (`.float()` on the model output before the loss) so "
-                                "loss × scale stays finite",
+                            "LOSS_IN_LOW_PRECISION", key=location, severity="error", message=message, fix=fix,
                             location=location, step=it, evidence={"loss_dtype": dtype_name(a_dtype)},
                         )
                 self.state.pending.read(overflow, judge)
