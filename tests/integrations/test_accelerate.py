@@ -159,3 +159,27 @@ def test_examples_run_to_exit_0(name: str) -> None:
     script = Path(__file__).parents[2] / "examples" / name
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_doctor_fp32_reference_of_an_accelerate_prepared_model_runs_in_fp32() -> None:
+    # prepare() wraps forward on the instance in bf16 autocast; the doctor's fp32 copy must not keep
+    # that wrapper, or it compares bf16 with bf16 and reads every module as lossless.
+    from accelerate.state import AcceleratorState
+
+    from ampkit.diagnose.step.api import diagnose_step
+
+    AcceleratorState._reset_state(True)
+    try:
+        torch.manual_seed(0)
+        model = Accelerator(mixed_precision="bf16", cpu=True).prepare(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)))
+        x = torch.randn(4, 8)
+
+        def run(m: nn.Module) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return m(x).float().pow(2).mean()
+
+        result = diagnose_step(model, run, precision="bf16")
+    finally:
+        AcceleratorState._reset_state(True)
+    sqnr = result.comparison["output_sqnr_db"]
+    assert all(math.isfinite(v) for v in sqnr.values()), sqnr  # bf16 against a real fp32 reference

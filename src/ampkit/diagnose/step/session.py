@@ -68,6 +68,20 @@ def copy_model(model: nn.Module, *, fp32: bool = False) -> nn.Module:
     return clone
 
 
+def unwrap_autocast_forward(model: nn.Module) -> None:
+    """Give back the modules of ``model`` (a private copy) their own ``forward``.
+
+    Accelerate's ``prepare`` (and so the HF Trainer's) replaces ``forward`` on the instance with one
+    that enters ``torch.autocast`` itself, keeping the original as ``_original_forward``.  Autocast
+    disabled around the module cannot reach inside that call, so the fp32 reference would run in
+    low precision and every comparison with it would read as perfect.
+    """
+    for m in model.modules():
+        original = m.__dict__.get("_original_forward")
+        if original is not None and "forward" in m.__dict__:
+            m.forward = original
+
+
 class RngSnapshot:
     """CPU and accelerator RNG states, captured once and restorable any number of times."""
 
@@ -157,6 +171,7 @@ class Session:
         """An fp32 copy that runs entirely outside autocast (autocast is disabled at its root), and
         without fp8 casts (its ``Float8Linear`` layers become ``nn.Linear``, ``step.fp8``)."""
         shadow = strip_fp8(copy_model(self.model, fp32=True))
+        unwrap_autocast_forward(shadow)
         keep_fp32(shadow, self.device.type)
         return shadow
 
