@@ -217,8 +217,19 @@ def test_hooks_wait_found_inf_runs_after_clipping(seed: int) -> None:
 def test_hooks_engine_module_keeps_deprecated_aliases() -> None:
     import ampkit.engine
 
-    for name, target in (("MixedPrecision", Engine), ("EngineHook", EngineHook), ("StepResult", StepResult)):
+    for name, target in (("EngineHook", EngineHook), ("StepResult", StepResult)):
         with pytest.warns(DeprecationWarning, match=f"ampkit.engine.{name} is deprecated"):
             assert getattr(ampkit.engine, name) is target
     with pytest.warns(DeprecationWarning, match="use ampkit.MixedPrecision"):
-        ampkit.engine.MixedPrecision  # noqa: B018
+        alias = ampkit.engine.MixedPrecision
+    assert issubclass(alias, Engine) and isinstance(alias("bf16", device="cpu"), Engine)
+
+
+@pytest.mark.parametrize("shorthand", ["telemetry", "doctor"])
+def test_hooks_deprecated_engine_alias_refuses_the_public_shorthands_by_name(shorthand: str) -> None:
+    import ampkit.engine
+
+    with pytest.warns(DeprecationWarning):
+        alias = ampkit.engine.MixedPrecision
+    with pytest.raises(TypeError, match=rf"{shorthand}=.*use ampkit.MixedPrecision, which does"):
+        alias("bf16", device="cpu", **{shorthand: True})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import typing
 
 import pytest
 
@@ -43,6 +44,10 @@ def test_mixed_precision_replay_event_reaches_the_doctor() -> None:
 
 
 def test_mixed_precision_signature_lists_every_engine_argument_and_the_shorthands() -> None:
-    shown = list(inspect.signature(MixedPrecision).parameters)
-    engine = list(inspect.signature(Engine).parameters)
-    assert shown == [*engine, "telemetry", "doctor"]
+    shown = inspect.signature(MixedPrecision.__init__).parameters
+    engine = inspect.signature(Engine.__init__).parameters
+    assert list(shown) == [*engine, "telemetry", "doctor"]
+    shown_types, engine_types = typing.get_type_hints(MixedPrecision.__init__), typing.get_type_hints(Engine.__init__)
+    for name, param in engine.items():  # spelled out in the source: the same kinds, defaults and types
+        assert (shown[name].kind, shown[name].default, shown_types.get(name)) == \
+            (param.kind, param.default, engine_types.get(name)), name

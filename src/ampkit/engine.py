@@ -13,9 +13,8 @@ makes no host sync for torch's fused optimizers (Adam, AdamW, SGD, Adagrad with 
 whose kernels read ``found_inf`` themselves; for other optimizers exactly one remains: reading
 ``found_inf`` to decide whether to call ``optimizer.step()`` (``ampkit._boundary``).
 
-The engine knows its extensions only as ``EngineHook`` objects (``ampkit.hooks``); the public
-``ampkit.MixedPrecision`` (``ampkit.mixed_precision``) adds the ``telemetry=`` and ``doctor=``
-shorthands on top of it.
+The engine knows its extensions only as ``EngineHook`` objects (``ampkit.hooks``); ``ampkit.MixedPrecision``
+(``ampkit.mixed_precision``) adds the ``telemetry=`` and ``doctor=`` shorthands on top of it.
 """
 
 from __future__ import annotations
@@ -96,11 +95,9 @@ class Engine:
         hooks: Sequence[_hooks.EngineHook] = (),
         fp8_filter: Fp8Filter = None,
     ) -> None:
-        self.config = EngineConfig(
-            precision=Precision.parse(precision, device), grad_accumulation=grad_accumulation,
-            clip_grad_norm=clip_grad_norm, keep_fp32=tuple(keep_fp32), skip_nonfinite=skip_nonfinite,
-            fp8_filter=fp8_filter,
-        )
+        self.config = EngineConfig(precision=Precision.parse(precision, device), grad_accumulation=grad_accumulation,
+                                   clip_grad_norm=clip_grad_norm, keep_fp32=tuple(keep_fp32),
+                                   skip_nonfinite=skip_nonfinite, fp8_filter=fp8_filter)
         self.fp8 = Fp8Converter(self.precision, keep_fp32=self.config.keep_fp32, fp8_filter=self.config.fp8_filter)
         self.device = self.precision.device
         self.scaler = resolve_scaler(scaler, self.precision).to(self.device)
@@ -427,9 +424,18 @@ class Engine:
         raise TypeError("MixedPrecision is not iterable; use mp.autocast(), mp.backward(loss), mp.step(opt)")
 
 
-# Names this module exported before the hook protocol and the public class moved out of it.
-_DEPRECATED = {
-    "MixedPrecision": ("ampkit.MixedPrecision", lambda: Engine),
+class _EngineAlias(Engine):
+    """``ampkit.engine.MixedPrecision``: the bare engine; the public class's shorthands would import upward."""
+
+    def __init__(self, precision: str | Precision = "auto", **engine: Any) -> None:
+        if given := [f"{n}=" for n in ("telemetry", "doctor") if n in engine]:
+            raise TypeError(f"ampkit.engine.MixedPrecision(..., {given[0]}...): the deprecated alias is the bare engine, "
+                            f"which has no {given[0]} argument; use ampkit.MixedPrecision, which does")
+        super().__init__(precision, **engine)
+
+
+_DEPRECATED = {  # names this module exported before the hook protocol and the public class moved out
+    "MixedPrecision": ("ampkit.MixedPrecision", lambda: _EngineAlias),
     "EngineHook": ("ampkit.hooks.EngineHook", lambda: _hooks.EngineHook),
     "StepResult": ("ampkit.hooks.StepResult", lambda: _hooks.StepResult),
 }

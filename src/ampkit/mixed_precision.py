@@ -19,12 +19,18 @@ the shorthands only build the hooks and attach them after ``hooks=``, in that or
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from ampkit.diagnose.live import ReplayDoctor
 from ampkit.engine import Engine
+from ampkit.fp8 import Fp8Filter
+from ampkit.hooks import EngineHook
+from ampkit.policy import KeepFp32Rule
 from ampkit.precision import Precision
+from ampkit.scaler import LossScaler
 from ampkit.telemetry import Telemetry, make_telemetry
 
 __all__ = ["MixedPrecision"]
@@ -58,9 +64,25 @@ class MixedPrecision(Engine):
     """
 
     def __init__(
-        self, precision: str | Precision = "auto", *, telemetry: Any = None, doctor: bool = False, **engine: Any,
+        self,
+        precision: str | Precision = "auto",
+        *,
+        device: str | torch.device | None = "auto",
+        scaler: LossScaler | str | None = None,
+        grad_accumulation: int = 1,
+        clip_grad_norm: float | None = None,
+        keep_fp32: Sequence[KeepFp32Rule] = (),
+        skip_nonfinite: bool = True,
+        hooks: Sequence[EngineHook] = (),
+        fp8_filter: Fp8Filter = None,
+        telemetry: Any = None,
+        doctor: bool = False,
     ) -> None:
-        super().__init__(precision, **engine)
+        # Spelled out (not ``**engine``) so type checkers and IDEs see every argument; a test checks
+        # that this list and Engine's stay the same.
+        super().__init__(precision, device=device, scaler=scaler, grad_accumulation=grad_accumulation,
+                         clip_grad_norm=clip_grad_norm, keep_fp32=keep_fp32, skip_nonfinite=skip_nonfinite,
+                         hooks=hooks, fp8_filter=fp8_filter)
         self.telemetry: Telemetry | None = None
         """The ``Telemetry`` hook built from ``telemetry=`` (None when off)."""
         self.doctor: ReplayDoctor | None = None
@@ -70,15 +92,3 @@ class MixedPrecision(Engine):
         if doctor:
             self.doctor = ReplayDoctor()
             self.add_hook(self.doctor)
-
-
-def _public_signature() -> inspect.Signature:
-    # ``**engine`` keeps the argument list in one place (Engine); this shows the full list to
-    # help(), IDEs and inspect.signature instead of an opaque ``**engine``.
-    engine = inspect.signature(Engine.__init__).parameters
-    own = inspect.signature(MixedPrecision.__init__).parameters
-    params = [*engine.values(), own["telemetry"], own["doctor"]]
-    return inspect.signature(MixedPrecision.__init__).replace(parameters=params)
-
-
-MixedPrecision.__init__.__signature__ = _public_signature()  # type: ignore[attr-defined]
