@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from ampkit.integrations.hf import STATE_FILE, AmpkitCallback
 from ampkit.telemetry import LossNonFiniteAlarm, Telemetry
+from tests.telemetry.telemetry_helpers import count_as_on_an_accelerator
 
 from .hf_helpers import forbid_sync_in_ampkit, nan_at_call, tiny_gpt2, trainer
 
@@ -48,6 +49,7 @@ def test_callback_writes_one_record_per_optimizer_step_with_accumulation_2(accum
 
 def test_callback_hooks_make_no_host_sync_between_flushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     records: list[dict] = []
+    count_as_on_an_accelerator(monkeypatch)
     cb = AmpkitCallback(telemetry=Telemetry(sinks=[records.append], flush_every=10, module_absmax_every=2))
     run = trainer(tmp_path, callbacks=[cb], steps=4, accum=2)
     reads: list[str] = []

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 from torch import nn
 
 import ampkit
+from ampkit.telemetry import metrics
 
 
 class TinyRegressor(nn.Module):
@@ -43,3 +45,13 @@ FORBIDDEN = ("item", "__bool__", "cpu", "tolist", "numpy", "__float__", "__int__
 
 class ForbiddenSync(AssertionError):
     """A sync method was called where the telemetry promises none."""
+
+
+def count_as_on_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the gradient counts take the accelerator's path on this CPU.
+
+    On CPU ``GradCounter`` and ``Telemetry`` read one scalar per step to skip work, which waits for
+    nothing there; on an accelerator that read would be a sync, so the no-sync tests check the
+    accelerator's path.  Call it before the telemetry attaches.
+    """
+    monkeypatch.setattr(metrics, "reads_are_free", lambda device: False)

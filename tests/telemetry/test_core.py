@@ -13,7 +13,7 @@ import torch
 import ampkit
 from ampkit.telemetry import CallbackSink, JsonlSink, Telemetry
 
-from .telemetry_helpers import FORBIDDEN, ForbiddenSync, batch, train_step
+from .telemetry_helpers import FORBIDDEN, ForbiddenSync, batch, count_as_on_an_accelerator, train_step
 
 
 class Capture(ampkit.EngineHook):
@@ -51,7 +51,7 @@ def _same(a: float, b: float, rel: float = 1e-5) -> bool:
 
 def _run(precision: str, tiny: torch.nn.Module, steps: int, **engine_kw: object) -> tuple[list[dict], Capture]:
     capture, records = Capture(), []
-    tel = Telemetry(sinks=[records.append], flush_every=4, alarms=())
+    tel = Telemetry(sinks=[records.append], flush_every=4, alarms=(), zero_grads_every=1)
     opt = torch.optim.AdamW(tiny.parameters(), lr=2e-3, fused=True)
     mp = ampkit.MixedPrecision(precision, device="cpu", hooks=[capture], telemetry=tel, grad_accumulation=2,
                                **engine_kw)  # type: ignore[arg-type]
@@ -86,6 +86,88 @@ def test_telemetry_values_match_hand_computation_with_skipped_fp16_steps(tiny: t
         if r["skipped"]:
             assert nonfinite > 0 and r["next_scale"] == r["scale"] / 2
     assert any(0 < r["zero_grad_fraction"] < 1 for r in records)  # the unused embedding rows
+
+
+def test_telemetry_zero_count_on_sampled_steps_only(tiny: torch.nn.Module) -> None:
+    capture, records = Capture(), []
+    tel = Telemetry(sinks=[records.append], flush_every=4, alarms=(), zero_grads_every=3)
+    opt = torch.optim.AdamW(tiny.parameters(), lr=2e-3, fused=True)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", hooks=[capture], telemetry=tel)
+    mp.prepare(tiny)
+    for _ in range(7):
+        train_step(mp, tiny, opt, *batch())
+    tel.close()
+    assert [r["zero_grad_fraction"] is not None for r in records] == [True, False, False, True, False, False, True]
+    for r in records[::3]:
+        grads = capture.grads[r["step"] - 1]
+        zeros = sum(int((g == 0).sum()) for g in grads)
+        assert r["zero_grad_fraction"] == zeros / sum(g.numel() for g in grads) > 0
+    assert all(r["nonfinite_grads"] == 0 for r in records)  # counted on every step
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="zero_grads_every"):
+            Telemetry(zero_grads_every=bad)  # type: ignore[arg-type]
+
+
+class _PoisonGrad:
+    """A gradient hook that writes inf and NaN into one parameter's gradient on chosen calls."""
+
+    def __init__(self, bad_calls: set[int]) -> None:
+        self.bad_calls, self.calls = bad_calls, 0
+
+    def __call__(self, g: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls not in self.bad_calls:
+            return g
+        g = g.clone()
+        g.view(-1)[:3] = torch.tensor([math.inf, math.nan, -math.inf])
+        return g
+
+
+def _poisoned_run(tiny: torch.nn.Module, *extra_hooks: ampkit.EngineHook) -> tuple[list[dict], Capture, list[int]]:
+    capture, records = Capture(), []
+    tel = Telemetry(sinks=[records.append], flush_every=3, alarms=(), zero_grads_every=0)
+    opt = torch.optim.AdamW(tiny.parameters(), lr=2e-3, fused=True)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", hooks=[capture], telemetry=tel)
+    for hook in extra_hooks:
+        mp.add_hook(hook)  # after the telemetry: it sees the gradients the telemetry noted
+    mp.prepare(tiny)
+    tiny.body[2].weight.register_hook(_PoisonGrad({3}))
+    passes: list[int] = []
+    count = tel._grad_counts.counter.count
+
+    def counted(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        passes.append(capture_step[0])
+        return count(*args, **kwargs)  # type: ignore[arg-type]
+
+    tel._grad_counts.counter.count = counted  # type: ignore[method-assign]
+    capture_step = [0]
+    for i in range(5):
+        capture_step[0] = i + 1
+        train_step(mp, tiny, opt, *batch())
+    tel.close()
+    return records, capture, passes
+
+
+def test_telemetry_cpu_nonfinite_count_comes_off_the_norm_with_no_pass_on_finite_steps(tiny: torch.nn.Module) -> None:
+    records, capture, passes = _poisoned_run(tiny)
+    counts = [sum(int((~torch.isfinite(g)).sum()) for g in grads) for grads in capture.grads]
+    assert counts == [0, 0, 3, 0, 0]
+    assert [r["nonfinite_grads"] for r in records] == counts
+    assert records[2]["skipped"] and not math.isfinite(records[2]["grad_norm"])
+    assert passes == [3], "only the step whose norm is not finite reads the gradients again"
+
+
+class _ClipByValue(ampkit.EngineHook):
+    """Clips every gradient element into [-1, 1] after the unscale, as a user's own clipping hook may."""
+
+    def after_unscale(self, engine: ampkit.MixedPrecision, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        torch.nn.utils.clip_grad_value_([p for o in optimizers for g in o.param_groups for p in g["params"]], 1.0)
+
+
+def test_telemetry_cpu_nonfinite_count_not_measured_when_a_hook_changed_the_gradients(tiny: torch.nn.Module) -> None:
+    # The clip turns +-inf into +-1 before the norm: counting now would report 1 (the NaN), not the 3 there were.
+    records, _, _ = _poisoned_run(tiny, _ClipByValue())
+    assert [r["nonfinite_grads"] for r in records] == [0, 0, None, 0, 0]
 
 
 def test_telemetry_values_clip_coef_matches_torch_formula(tiny: torch.nn.Module) -> None:
@@ -163,7 +245,7 @@ class PreClipCapture(ampkit.EngineHook):
 
 def test_telemetry_counts_gradients_before_clipping_on_skipped_steps(tiny: torch.nn.Module) -> None:
     capture, records = PreClipCapture(), []
-    tel = Telemetry(sinks=[records.append], flush_every=4, alarms=())
+    tel = Telemetry(sinks=[records.append], flush_every=4, alarms=(), zero_grads_every=1)
     opt = torch.optim.AdamW(tiny.parameters(), lr=2e-3, fused=True)
     mp = ampkit.MixedPrecision("fp16", device="cpu", hooks=[capture], telemetry=tel, clip_grad_norm=1.0,
                                scaler=ampkit.DynamicLossScaler(init_scale=2.0**22))
@@ -193,6 +275,7 @@ def test_telemetry_no_host_sync_between_flushes(precision: str, tiny: torch.nn.M
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     n = 6
     records: list[dict] = []
+    count_as_on_an_accelerator(monkeypatch)
     tel = Telemetry(sinks=[CallbackSink(records.append), JsonlSink(tmp_path / "t.jsonl")], flush_every=n,
                     module_absmax_every=2)
     opt = torch.optim.AdamW(tiny.parameters(), lr=1e-3, fused=True)

@@ -14,7 +14,7 @@ import ampkit
 from ampkit.telemetry import Telemetry, fp8stats
 from ampkit.telemetry.fp8stats import CastSpec, cast_specs, fp8_scale, operand_stats
 
-from .telemetry_helpers import FORBIDDEN, ForbiddenSync
+from .telemetry_helpers import FORBIDDEN, ForbiddenSync, count_as_on_an_accelerator
 
 pytest.importorskip("torchao")
 from ampkit.fp8 import _import_float8
@@ -213,6 +213,7 @@ def _forbid(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_telemetry_fp8_no_host_sync_between_flushes(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
     n = 5
     records: list[dict] = []
+    count_as_on_an_accelerator(monkeypatch)
     mp, model, opt = _engine(precision, records, flush_every=n, fp8_stats_every=2)
     batches = [torch.randn(16, 32) for _ in range(n)]
     with monkeypatch.context() as patch:

@@ -77,7 +77,8 @@ def test_telemetry_records_a_sparse_embedding_step() -> None:
     emb = torch.nn.Embedding(50, 8, sparse=True)
     opt = torch.optim.SGD(emb.parameters(), lr=0.1)
     mp = ampkit.MixedPrecision("fp16", device="cpu",
-                               telemetry=Telemetry([ampkit.CallbackSink(records.append)], flush_every=2))
+                               telemetry=Telemetry([ampkit.CallbackSink(records.append)], flush_every=2,
+                                                   zero_grads_every=1))
     mp.prepare(emb)
     for _ in range(2):
         with mp.autocast():

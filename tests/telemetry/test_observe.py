@@ -19,7 +19,7 @@ from torch import nn
 import ampkit
 from ampkit.telemetry import AlarmWarning, LossNonFiniteAlarm, SchedulerOnSkipAlarm, Telemetry, observe
 
-from .telemetry_helpers import FORBIDDEN, ForbiddenSync
+from .telemetry_helpers import FORBIDDEN, ForbiddenSync, count_as_on_an_accelerator
 
 
 class Net(nn.Module):
@@ -201,6 +201,7 @@ def _forbid_in_hooks(monkeypatch: pytest.MonkeyPatch, flush_reads: list[str]) ->
 def test_observe_hooks_make_no_host_sync_between_flushes(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     n = 6
     reads: list[str] = []
+    count_as_on_an_accelerator(monkeypatch)
     with monkeypatch.context() as patch:
         _forbid_in_hooks(patch, reads)
         records, _, _ = _loop(fused=fused, steps=n - 1, accum=2, bad_steps=(2,), flush_every=n, module_absmax_every=2)

@@ -34,13 +34,13 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from ampkit._util.dtensor import local_shard
 from ampkit.engine import Engine
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
 from ampkit.telemetry.exitflush import close_at_exit
 from ampkit.telemetry.fp8stats import Fp8Stats
-from ampkit.telemetry.metrics import COL, GradCounter, MetricBuffer, ModuleAbsmax
+from ampkit.telemetry.gradcounts import StepGradCounts, grads_of, params_with_grads
+from ampkit.telemetry.metrics import COL, MetricBuffer, ModuleAbsmax
 from ampkit.telemetry.records import StepMeta, current_rank, floating_tensors, make_record
 from ampkit.telemetry.sinks import Sink, SinkFailedWarning, as_sink
 from ampkit.telemetry.source import StepSource
@@ -63,6 +63,10 @@ class Telemetry(EngineHook):
             ``CallbackSink``); a plain callable is wrapped in a ``CallbackSink``.
         flush_every: steps between flushes (each flush is one device-to-host copy).
         module_absmax_every: sample per-module gradient absmax on steps 1, 1+K, 1+2K, ... (0: off).
+        zero_grads_every: count the zero gradient elements (``zero_grad_fraction``) on steps 1, 1+K,
+            1+2K, ... (0: off; None on the other steps).  The count is one more read of every
+            gradient, about 0.5 % of a small model's step on a CPU; the non-finite count is taken
+            on every step.
         fp8_stats_every: sample the amax and flush fraction of every fp8 GEMM operand (torchao
             ``Float8Linear`` layers) on steps 1, 1+K, ...; None: every 100 steps when the models have
             fp8 layers (0: off).  Without fp8 layers nothing is hooked and nothing is measured.
@@ -100,6 +104,7 @@ class Telemetry(EngineHook):
         *,
         flush_every: int = 50,
         module_absmax_every: int = 0,
+        zero_grads_every: int = 10,
         fp8_stats_every: int | None = None,
         alarms: Sequence[Alarm] | None = None,
         watch_inputs: bool = True,
@@ -110,12 +115,15 @@ class Telemetry(EngineHook):
                              "(steps between flushes; the device buffer holds one row per step until the flush)")
         if not (isinstance(module_absmax_every, int) and module_absmax_every >= 0):
             raise ValueError(f"Telemetry(module_absmax_every={module_absmax_every!r}): must be an int >= 0 (0 = off)")
+        if not (isinstance(zero_grads_every, int) and not isinstance(zero_grads_every, bool) and zero_grads_every >= 0):
+            raise ValueError(f"Telemetry(zero_grads_every={zero_grads_every!r}): must be an int >= 0 (0 = off)")
         if not (fp8_stats_every is None or (isinstance(fp8_stats_every, int) and fp8_stats_every >= 0)):
             raise ValueError(f"Telemetry(fp8_stats_every={fp8_stats_every!r}): must be None (every 100 steps with "
                              "fp8 layers) or an int >= 0 (0 = off)")
         self.flush_every = flush_every
         self.fp8_stats_every = fp8_stats_every
         self.module_absmax_every = module_absmax_every
+        self.zero_grads_every = zero_grads_every
         self.watch_inputs = watch_inputs
         if isinstance(sinks, Sink) or callable(sinks):
             sinks = [sinks]
@@ -132,7 +140,6 @@ class Telemetry(EngineHook):
         self._closed = False
         self._meta: list[StepMeta] = []
         self._pending: StepMeta | None = None
-        self._counts: tuple[torch.Tensor, torch.Tensor] | None = None
         self._watched: dict[int, Any] = {}
         self._n_models = 0
         self._losses = 0
@@ -167,7 +174,7 @@ class Telemetry(EngineHook):
         self._acc = torch.zeros(3, dtype=self.buffer.dtype, device=device)
         self._nan = torch.full((), math.nan, dtype=torch.float32, device=device)
         self._one = torch.ones((), dtype=torch.float32, device=device)
-        self._counter = GradCounter(device)
+        self._grad_counts = StepGradCounts(device, self.zero_grads_every)
         self._modules = ModuleAbsmax(device)
         self._fp8 = Fp8Stats(device, self.fp8_stats_every, lambda: source.optimizer_steps + 1, self.buffer.dtype)
         for m in self.monitors:
@@ -237,39 +244,30 @@ class Telemetry(EngineHook):
         self._losses += 1
 
     def count_grads(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """Count zero and non-finite gradient elements now (else ``begin_step`` counts them)."""
-        if not self._closed:
-            self._counts = self._counter.count(self._local_grads(self._params(optimizers)))
-
-    @staticmethod
-    def _local_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        # A sharded (FSDP2 DTensor) gradient is counted through this rank's shard: operating on
-        # the DTensor itself would run collectives (a sync) in the hot path.
-        with torch.no_grad():
-            return [local_shard(p.grad) for p in params if p.grad is not None]
-
-    @staticmethod
-    def _params(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
-        return [p for opt in optimizers for group in opt.param_groups for p in group["params"]
-                if p.grad is not None and p.grad.numel()]
+        """Count zero and non-finite gradient elements before the engine clips (else ``begin_step``
+        counts them); on CPU this may only note the gradients (``ampkit.telemetry.gradcounts``)."""
+        source = self.engine
+        if not self._closed and source is not None:
+            self._grad_counts.before_clip(grads_of(params_with_grads(optimizers)), source.optimizer_steps + 1,
+                                          engine_clips=source.clip_grad_norm is not None)
 
     def begin_step(self, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
                    grad_norm: torch.Tensor | None, *, grads: bool = True, lr: Any = None) -> None:
         """Write the step's row: losses, ``found_inf``, norm, clip coefficient, gradient counts, lr.
 
         ``grads=False`` when the gradients are gone (an observed step that no hook saw):
-        ``nonfinite_grads`` is then None and ``zero_grad_fraction`` NaN.  ``lr`` overrides the
+        ``nonfinite_grads`` and ``zero_grad_fraction`` are then None.  ``lr`` overrides the
         learning rate read from ``optimizers[0]``.
         """
         source = self.engine
         if self._closed or source is None:
             return
         r = len(self._meta)
-        params = self._params(optimizers) if grads else []
-        local = self._local_grads(params)
-        counts, self._counts = self._counts, None
-        zeros, nonfinite = (counts if counts is not None else self._counter.count(local)) if grads else (
-            self._nan, self._nan)
+        params = params_with_grads(optimizers) if grads else []
+        local = grads_of(params)
+        step = source.optimizer_steps + 1
+        counts = self._grad_counts.take(local, step, grad_norm)
+        zeros, nonfinite = counts if grads else (self._nan, self._nan)
         norm = self._nan if grad_norm is None else grad_norm
         max_norm = source.clip_grad_norm
         clip = self._one if max_norm is None else torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # torch's formula
@@ -283,7 +281,6 @@ class Telemetry(EngineHook):
         if isinstance(lr, torch.Tensor):
             row[COL["lr"]].copy_(lr, non_blocking=True)
             lr = None
-        step = source.optimizer_steps + 1
         meta = StepMeta(step=step, losses=self._losses, numel=sum(g.numel() for g in local),
                          lr=None if lr is None else float(lr), watched=bool(self._watched))
         self._losses = 0
@@ -437,7 +434,7 @@ class Telemetry(EngineHook):
 
     def __repr__(self) -> str:
         return (f"Telemetry(sinks={self.sinks!r}, flush_every={self.flush_every}, "
-                f"module_absmax_every={self.module_absmax_every}, alarms={[a.name for a in self.alarms]})")
+                f"module_absmax_every={self.module_absmax_every}, zero_grads_every={self.zero_grads_every}, alarms={[a.name for a in self.alarms]})")
 
 
 def _close(sink: Sink) -> None:

@@ -2,8 +2,9 @@
 
 Every value of a step is produced by tensor ops on the engine's device and written into row
 ``r`` of a ``(flush_every, len(COLUMNS))`` buffer; the host reads the buffer once per flush
-(``MetricBuffer.read``: one device-to-host copy, the only sync).  Nothing here calls ``.item()``,
-``bool(tensor)`` or ``.cpu()``.
+(``MetricBuffer.read``: one device-to-host copy, the only sync).  On an accelerator nothing here
+calls ``.item()``, ``bool(tensor)`` or ``.cpu()``; on CPU, where such a read waits for nothing
+(``reads_are_free``), ``GradCounter`` reads one scalar per step to skip work.
 
 Gradient element counts (zeros, non-finite values) are exact counts, summed from float
 masks (``sum`` of a float32 mask is several times faster than ``count_nonzero`` on CPU):
@@ -14,12 +15,14 @@ masks (``sum`` of a float32 mask is several times faster than ``count_nonzero`` 
 
 Large gradients are read in place, range by range; small ones are first packed into a
 reused flat workspace (``torch.cat(..., out=)``) so that a model with many small parameters
-(biases, norms) still costs a handful of kernels.  Each chunk is six kernels.  On CPU a chunk
-is 256 Ki elements, small enough for the mask and the workspace to stay in the L2 cache, so
-the gradients are read from memory once; on accelerators it is 8 Mi elements (a float32
-mask sums exactly below 2**24), so a step is a few kernels.  ``torch._foreach_norm(g, 0)`` would count non-zeros in one call but
-takes a generic slow path (about 150 ms for 3 M elements on a CPU), and ``isfinite`` is not
-vectorised on CPU.
+(biases, norms) still costs a handful of kernels.  On an accelerator each chunk is six kernels
+(four without the zero count), and a chunk is 8 Mi elements (a float32 mask sums exactly below
+2**24), so a step is a few kernels.  On CPU a chunk is 256 Ki elements, small enough for the mask
+and the workspace to stay in the L2 cache, so the gradients are read from memory once; each
+chunk is first summed, and only when a sum is inf or NaN are its non-finite elements counted,
+which saves three of the six kernels on every ordinary step.  ``torch._foreach_norm(g, 0)`` would
+count non-zeros in one call but takes a generic slow path (about 150 ms for 3 M elements on a
+CPU), and ``isfinite`` is not vectorised on CPU.
 
 >>> import torch
 >>> counter = GradCounter(torch.device("cpu"))
@@ -31,12 +34,12 @@ vectorised on CPU.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["COL", "COLUMNS", "GradCounter", "MetricBuffer", "ModuleAbsmax"]
+__all__ = ["COL", "COLUMNS", "GradCounter", "MetricBuffer", "ModuleAbsmax", "reads_are_free"]
 
 COLUMNS = (
     "loss_sum",         # sum of the losses passed to mp.backward since the previous boundary
@@ -80,29 +83,58 @@ class GradCounter:
                              "mask sums exactly")
         self.workspace_elements = workspace_elements
         self._mask = torch.empty(0, dtype=torch.float32, device=device)
+        self._zero = torch.zeros((), dtype=torch.float32, device=device)
+        self.reads_free = reads_are_free(device)
         self._workspaces: dict[torch.dtype, torch.Tensor] = {}
         self._plans: dict[tuple[int, ...], list[list[tuple[int, int, int]]]] = {}
 
-    def count(self, grads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def count(self, grads: Sequence[torch.Tensor], *, zeros: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(zeros, nonfinite)`` element counts; ``zeros=False`` skips the zero count (NaN: not measured)."""
         if not grads:
             zero = torch.zeros((), dtype=torch.float32, device=self.device)
             return zero, zero
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        sparse: list[torch.Tensor] = []
+        apart: list[torch.Tensor] = []
         for g in grads:
             if g.is_sparse or g.is_complex():
-                sparse.append(g)
+                apart.append(g)
             else:
                 by_dtype.setdefault(g.dtype, []).append(g)
-        counts = [c for dtype, group in by_dtype.items() for c in self._count_packed(dtype, group)]
+        counts = [self._count_packed(dtype, group, zeros) for dtype, group in by_dtype.items()]
         # Per-chunk counts are exact in float32 (< 2**24); the total is summed in float64 where it exists.
         acc = buffer_dtype(self.device)
-        totals = torch.stack(counts).to(acc).sum(0) if counts else torch.zeros(2, dtype=acc, device=self.device)
-        for g in sparse:
+        totals = torch.cat(counts).to(acc).sum(0) if counts else torch.zeros(2, dtype=acc, device=self.device)
+        for g in apart:
             totals = totals + _counts_apart(g, acc)
-        return totals[0], totals[1]
+        return (totals[0] if zeros else totals[0] * math.nan), totals[1]
 
-    def _count_packed(self, dtype: torch.dtype, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _count_packed(self, dtype: torch.dtype, grads: list[torch.Tensor], zeros: bool) -> torch.Tensor:
+        """``(chunks, 2)`` float32 counts ``[zeros, non-finite]`` of ``grads`` (all of ``dtype``); the zeros
+        column is 0 when ``zeros`` is False."""
+        if self.reads_free:
+            found, sums = [], []
+            for src, _, mask in self._chunks(dtype, grads):
+                if zeros:
+                    found.append(torch.eq(src, 0, out=mask).sum())
+                sums.append(src.sum(dtype=torch.float32))
+            # A sum is finite only when every element is (an inf or NaN makes it inf or NaN; a finite
+            # overflow only sends the step down the exact path below).  Reading it is no sync on CPU,
+            # where every kernel has run when its call returns, and it replaces the three kernels per
+            # chunk that count the non-finite elements, on every step that has none.
+            if torch.stack(sums).sum().isfinite().item():
+                nonfinite = torch.zeros(len(sums), dtype=torch.float32, device=self.device)
+                return torch.stack([torch.stack(found) if zeros else nonfinite, nonfinite], dim=1)
+        out = []
+        for src, work, mask in self._chunks(dtype, grads):
+            zero_count = torch.eq(src, 0, out=mask).sum() if zeros else self._zero
+            torch.mul(src, 0.0, out=work)  # finite -> 0, inf/NaN -> NaN
+            out.append(torch.stack([zero_count, torch.ne(work, work, out=mask).sum()]))
+        return torch.stack(out)
+
+    def _chunks(self, dtype: torch.dtype,
+                grads: list[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(source, workspace, mask)`` per chunk of the plan for these gradient sizes; a source packed
+        from small tensors lives in the workspace."""
         numels = tuple(g.numel() for g in grads)
         plan = self._plans.get(numels)
         if plan is None:
@@ -114,7 +146,6 @@ class GradCounter:
         if self._mask.numel() < total:
             self._mask = torch.empty(total, dtype=torch.float32, device=self.device)
         flats = [g.reshape(-1) for g in grads]
-        out = []
         for chunk in plan:
             n = sum(b - a for _, a, b in chunk)
             work, mask = ws[:n], self._mask[:n]
@@ -123,11 +154,13 @@ class GradCounter:
                 src = flats[i][a:b]
             else:  # small tensors: one copy into the workspace, then a few kernels for all of them
                 src = torch.cat([flats[i][a:b] for i, a, b in chunk], out=work)
-            zeros = torch.eq(src, 0, out=mask).sum()
-            torch.mul(src, 0.0, out=work)  # finite -> 0, inf/NaN -> NaN
-            nonfinite = torch.ne(work, work, out=mask).sum()
-            out.append(torch.stack([zeros, nonfinite]))
-        return out
+            yield src, work, mask
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """Whether reading a scalar of ``device`` on the host costs nothing: on CPU every kernel has run
+    when its call returns, so there is nothing to wait for.  Everywhere else it is a sync."""
+    return device.type == "cpu"
 
 
 def _counts_apart(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

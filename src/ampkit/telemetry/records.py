@@ -49,7 +49,8 @@ def make_record(meta: StepMeta, v: list[float], rank: int, tables: dict[str, lis
         "grad_norm": v[COL["grad_norm"]],
         "clip_coef": v[COL["clip_coef"]],
         "nonfinite_grads": None if math.isnan(v[COL["nonfinite_grads"]]) else int(v[COL["nonfinite_grads"]]),
-        "zero_grad_fraction": v[COL["zero_grads"]] / meta.numel if meta.numel else math.nan,
+        "zero_grad_fraction": None if math.isnan(v[COL["zero_grads"]]) else (
+            v[COL["zero_grads"]] / meta.numel if meta.numel else math.nan),
         "lr": meta.lr if meta.lr is not None else v[COL["lr"]],
         "input_nonfinite": v[COL["input_nonfinite"]] > 0 if meta.watched else None,
     }
