@@ -272,6 +272,8 @@ def loss_in_low_precision(dtype: Any, *, scale: float | None = None, overflowed:
 
     >>> loss_in_low_precision("float16", scale=1024.0)[0]
     'the loss is a fp16 tensor: its value and its gradient seed are rounded to fp16 (11 significant bits), and scaling it by 1024 keeps it in fp16, where it can overflow'
+    >>> loss_in_low_precision("bfloat16", scale=1024.0)[0]
+    'the loss is a bf16 tensor: its value and its gradient seed are rounded to bf16 (8 significant bits)'
     >>> loss_in_low_precision("bfloat16")[1]
     'compute the loss in fp32: call .float() on the model output before the loss, e.g. `loss = loss_fn(output.float(), target)`, or compute it outside the autocast block'
     """
@@ -282,9 +284,10 @@ def loss_in_low_precision(dtype: Any, *, scale: float | None = None, overflowed:
         message += (f", and scaling it overflowed {name}: backward starts from d(loss × scale)/d(loss) = scale, "
                     f"rounded to {name} (largest {_LARGEST.get(name, math.inf):g}), so every step at a larger scale "
                     "is skipped although the loss itself was finite")
-    elif scale is None:
+    # Overflow is fp16's risk only: bf16 has fp32's range, and costs rounding alone.
+    elif name == "fp16" and scale is None:
         message += f", and under loss scaling loss × scale can overflow {name}"
-    elif scale != 1.0:
+    elif name == "fp16" and scale != 1.0:
         message += f", and scaling it by {scale:g} keeps it in {name}, where it can overflow"
     fix = ("compute the loss in fp32: call .float() on the model output before the loss, e.g. "
            "`loss = loss_fn(output.float(), target)`, or compute it outside the autocast block"
