@@ -10,9 +10,12 @@ has the exact set-up commands.
 
     python benchmarks/real_clients.py --timm-train PATH/train.py [--timm-model resnet50 --timm-epochs 1]
     python benchmarks/real_clients.py --lightning-example PATH/examples/pytorch/basics/transformer.py
+    python benchmarks/real_clients.py --hf-run-mlm PATH/examples/pytorch/language-modeling/run_mlm.py
 
 Each client is run with the interpreter given by ``--python`` (default: this one), which must
-import the client's packages and ampkit.
+import the client's packages and ampkit; it also writes run_mlm.py's tokenizer (with tokenizers and
+transformers), so this script's own interpreter needs only the standard library, plus numpy and
+Pillow for timm's images.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LOSS = re.compile(r"[Ll]oss[\"']?\s*[:=│]\s*[\"']?([0-9]+\.[0-9]+)")
-"""The last loss a client prints (timm's "Loss: 1.14 (1.26)", Lightning's results table)."""
+"""The last loss a client prints (timm's "Loss: 1.14 (1.26)", Lightning's results table, the
+"train_loss = 5.43" line of the HF Trainer's closing metrics, after its {'loss': 5.43, ...} logs)."""
 
 
 @dataclass
@@ -40,16 +45,20 @@ class Client:
     args: list[str]
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
+    fresh: list[Path] = field(default_factory=list)
+    """Folders removed before each run (caches that would spare the later runs work)."""
     plain_s: list[float] = field(default_factory=list)
     doctor_s: list[float] = field(default_factory=list)
     results: dict[str, object] = field(default_factory=dict)
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[float, int, str]:
+def _run(client: Client, cmd: list[str], log: Path) -> tuple[float, int, str]:
+    for folder in client.fresh:
+        shutil.rmtree(folder, ignore_errors=True)
     start = time.perf_counter()
     with log.open("w") as out:
-        rc = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                            check=False).returncode
+        rc = subprocess.run(cmd, cwd=client.cwd, env={**os.environ, **client.env}, stdout=out,
+                            stderr=subprocess.STDOUT, check=False).returncode
     return time.perf_counter() - start, rc, log.read_text(errors="replace")
 
 
@@ -60,12 +69,13 @@ def _last_loss(text: str) -> str | None:
 
 def _measure(client: Client, python: str, work: Path, rounds: int) -> None:
     for i in range(rounds):
-        plain_s, plain_rc, plain_out = _run([python, str(client.script), *client.args], client.cwd, client.env,
+        plain_s, plain_rc, plain_out = _run(client, [python, str(client.script), *client.args],
                                             work / f"{client.name}-plain-{i}.log")
         report = work / f"{client.name}-doctor-{i}.json"
         doctor_s, doctor_rc, doctor_out = _run(
+            client,
             [python, "-m", "ampkit.cli.main", "doctor", "--json", str(report), str(client.script), *client.args],
-            client.cwd, client.env, work / f"{client.name}-doctor-{i}.log")
+            work / f"{client.name}-doctor-{i}.log")
         client.plain_s.append(plain_s)
         client.doctor_s.append(doctor_s)
         findings = json.loads(report.read_text())["findings"] if report.exists() else None
@@ -104,6 +114,38 @@ def _text(path: Path, lines: int, seed: int = 0) -> Path:
     return path
 
 
+_WORDPIECE = """
+import os, sys
+from tokenizers import BertWordPieceTokenizer
+from transformers import BertTokenizerFast
+corpus, out = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+wordpiece = BertWordPieceTokenizer(lowercase=True)
+wordpiece.train([corpus], vocab_size=512, min_frequency=1, special_tokens=special, show_progress=False)
+# The trainer orders tokens of equal count differently from run to run: sorted, the ids (and so
+# the losses) are the same in every run of the check.
+tokens = special + sorted(set(wordpiece.get_vocab()) - set(special))
+vocab = os.path.join(out, "vocab.txt")
+with open(vocab, "w") as f:
+    f.write("\\n".join(tokens) + "\\n")
+tokenizer = BertTokenizerFast(vocab_file=vocab, model_max_length=128)
+tokenizer.save_pretrained(out)
+print(len(tokenizer))
+"""
+
+
+def _wordpiece_tokenizer(python: str, corpus: Path, out: Path) -> int:
+    """Train a WordPiece vocabulary on ``corpus`` and save it as a BertTokenizerFast folder; its size.
+
+    It needs tokenizers and transformers, so it runs with the clients' interpreter, not this one."""
+    done = subprocess.run([python, "-c", _WORDPIECE, str(corpus), str(out)], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"writing the tokenizer with {python} failed:\n{done.stderr}")
+    return int(done.stdout.split()[-1])
+
+
 def _clients(args: argparse.Namespace, work: Path) -> list[Client]:
     clients = []
     if args.timm_train:
@@ -122,6 +164,25 @@ def _clients(args: argparse.Namespace, work: Path) -> list[Client]:
                "PL_TRAINER_LIMIT_TRAIN_BATCHES": "8", "PL_TRAINER_LIMIT_VAL_BATCHES": "2",
                "PL_TRAINER_LIMIT_TEST_BATCHES": "2"}
         clients.append(Client("lightning", Path(args.lightning_example).resolve(), [], work / "lightning", env))
+    if args.hf_run_mlm:
+        # BERT from scratch: the model from a config (no --model_name_or_path), the tokenizer a local
+        # folder, the data two text files; nothing comes from the hub, which HF_HUB_OFFLINE makes it
+        # skip.  No --do_eval: its metric is loaded from the hub.  The datasets cache is emptied before
+        # each run so that every run converts and tokenizes the text alike.
+        mlm = work / "mlm"
+        train = _text(mlm / "train.txt", lines=args.mlm_lines)
+        val = _text(mlm / "val.txt", lines=max(args.mlm_lines // 10, 1), seed=1)
+        vocab = _wordpiece_tokenizer(args.python, train, mlm / "tokenizer")
+        overrides = (f"hidden_size=64,num_hidden_layers=2,num_attention_heads=2,intermediate_size=128,"
+                     f"max_position_embeddings=128,vocab_size={vocab}")
+        env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(mlm / "datasets-cache")}
+        clients.append(Client("hf-run-mlm", Path(args.hf_run_mlm).resolve(), [
+            "--model_type", "bert", "--config_overrides", overrides, "--tokenizer_name", str(mlm / "tokenizer"),
+            "--train_file", str(train), "--validation_file", str(val), "--do_train",
+            "--max_steps", str(args.mlm_steps), "--per_device_train_batch_size", "8", "--max_seq_length", "64",
+            "--output_dir", str(mlm / "out"), "--overwrite_output_dir", "--bf16", "--use_cpu",
+            "--logging_steps", "4", "--report_to", "none", "--save_strategy", "no", "--seed", "0"],
+            mlm, env, fresh=[mlm / "datasets-cache", mlm / "out"]))
     return clients
 
 
@@ -134,6 +195,9 @@ def main() -> int:
     p.add_argument("--lightning-example", help="Lightning's examples/pytorch/basics/transformer.py")
     p.add_argument("--lightning-lines", type=int, default=13000,
                    help="lines of the local wikitext-2.txt (the example splits off 4000 blocks of 35 words)")
+    p.add_argument("--hf-run-mlm", help="transformers' examples/pytorch/language-modeling/run_mlm.py")
+    p.add_argument("--mlm-lines", type=int, default=1000, help="lines of the local train.txt for run_mlm.py")
+    p.add_argument("--mlm-steps", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--work", help="folder for the data and logs (default: a temporary one)")
@@ -143,7 +207,7 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         clients = _clients(args, work)
         if not clients:
-            p.error("name at least one client: --timm-train or --lightning-example")
+            p.error("name at least one client: --timm-train, --lightning-example or --hf-run-mlm")
         for client in clients:
             _measure(client, args.python, work, args.rounds)
             plain, doctor = statistics.median(client.plain_s), statistics.median(client.doctor_s)
