@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from . import hits
 
 
@@ -20,3 +22,25 @@ def test_numerics_masked_fill_in_a_plain_fp32_file_is_not_judged() -> None:
         "def mask(scores, m):\n"
         "    return scores.masked_fill(m, -1e9)\n"
     ) == []
+
+
+_MODULE = "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\nclass Block(nn.Module):\n    def forward(self, x, i, m):\n"
+
+
+@pytest.mark.parametrize("write", [
+    "x.clamp(min=-1e9)", "x.clamp(-1e5, 1e5)", "torch.clamp(x, max=1e6)", "x.clamp_min_(-1e9)", "x.clip(max=1e9)",
+    "torch.clip(x, -1e9)", "x.scatter(1, i, -1e9)", "x.scatter_(1, i, value=-1e9)", "x.index_fill(0, i, -1e9)",
+    "torch.index_fill(x, 0, i, -1e9)", "x.fill_(-1e9)", "x.fill_diagonal_(-1e9)", "F.threshold(x, 0.0, -1e9)",
+    "torch.threshold(x, 0.0, value=-1e9)", "F.hardtanh(x, -1e5, 1e5)", "torch.constant_pad_nd(x, (1, 1), -1e9)",
+])
+def test_numerics_amp105_any_write_of_a_number_from_torch_signatures(write: str) -> None:
+    # Each of these raises "value cannot be converted to type at::Half without overflow" on an fp16 x.
+    assert hits(_MODULE + f"        return {write}\n") == [(7, "AMP105")]
+
+
+@pytest.mark.parametrize("call", [
+    "x.clamp(min=1e-9)", "x.addcmul(i, m, value=1e9)", "torch.histc(x, min=-1e9, max=1e9)",
+    "x.scatter(1, i, m)", "x.clamp(min=m)", "x.masked_fill(m, -6e4)",
+])
+def test_numerics_amp105_not_for_a_factor_a_bound_a_tensor_or_an_in_range_number(call: str) -> None:
+    assert hits(_MODULE + f"        return {call}\n") == []

@@ -21,6 +21,7 @@ from ampkit.lint.astutil import (
 from ampkit.lint.context import CAST_METHODS, LOW, TORCH_DTYPE_NAMES, FileContext
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.flow import Scope, Site
+from ampkit.lint.torch_writes import WRITES
 
 __all__ = ["RULES"]
 
@@ -77,7 +78,12 @@ def _may_be_low(ctx: FileContext, scope: Scope, tensor: ast.AST | None) -> bool:
 
 
 def _fills(ctx: FileContext, scope: Scope, site: Site) -> Iterator[tuple[str, ast.expr | None, ast.expr | None, str | None]]:
-    """(operation, target tensor, written constant, explicit dtype) for each tensor write in a call."""
+    """(operation, target tensor, written constant, explicit dtype) for each tensor write in a call.
+
+    The ops and the positions of their written numbers come from torch's signatures
+    (``lint.torch_writes``); ``full`` / ``new_full`` / ``full_like`` (an explicit dtype decides) and
+    ``where`` (the number may be either branch) are read here.
+    """
     call = site.node
     assert isinstance(call, ast.Call)
     func = call.func
@@ -85,19 +91,13 @@ def _fills(ctx: FileContext, scope: Scope, site: Site) -> Iterator[tuple[str, as
     attr = last_name(func)
     if name is None and isinstance(func, ast.Attribute):
         receiver = func.value
-        if attr in ("masked_fill", "masked_fill_"):
-            yield attr, receiver, call_arg(call, 1, "value"), None
-        elif attr == "fill_":
-            yield attr, receiver, call_arg(call, 0, "value"), None
-        elif attr in ("index_fill", "index_fill_"):
-            yield attr, receiver, call_arg(call, 2, "value"), None
-        elif attr == "new_full":
+        if attr == "new_full":
             dtype = ctx.dtype_of(call_arg(call, None, "dtype"), scope)
             yield attr, receiver, call_arg(call, 1, "fill_value"), dtype
         elif attr == "where":
             yield attr, receiver, call_arg(call, 1, "other"), None
-    elif name in ("torch.masked_fill",):
-        yield "masked_fill", call_arg(call, 0, "input"), call_arg(call, 2, "value"), None
+        else:
+            yield from _table_writes(call, attr or "", "m", receiver, shift=1)
     elif name == "torch.where" and len(call.args) == 3:
         a, b = call.args[1], call.args[2]
         if fold_constant(a) is not None and fold_constant(b) is None:
@@ -113,6 +113,19 @@ def _fills(ctx: FileContext, scope: Scope, site: Site) -> Iterator[tuple[str, as
         else:
             dtype = None if dtype_node is None else ctx.dtype_of(dtype_node, scope)
             yield name, call_arg(call, 0, "input"), call_arg(call, 1, "fill_value"), dtype
+    elif name is not None and name.startswith(("torch.nn.functional.", "torch.")):
+        form = "F" if name.startswith("torch.nn.functional.") else "t"
+        yield from _table_writes(call, name.rpartition(".")[2], form, call_arg(call, 0, "input"), shift=0)
+
+
+def _table_writes(call: ast.Call, op: str, form: str, target: ast.expr | None,
+                  shift: int) -> Iterator[tuple[str, ast.expr | None, ast.expr | None, str | None]]:
+    """The written numbers of ``op`` called in ``form`` (``torch_writes``); ``shift``: 1 for a method,
+    whose ``self`` is the receiver rather than the first argument."""
+    forms, written = WRITES.get(op, ("", ()))
+    if form in forms and op not in ("full", "full_like", "new_full", "where"):
+        for position, keyword in written:
+            yield op, target, call_arg(call, position - shift, keyword), None
 
 
 # Screens (each a literal or a regex that starts with one, so a file is scanned at memchr speed):
@@ -127,7 +140,7 @@ _INDEXED_BIG = re.compile(rb"\][ \t]*=[ \t]*[^\n]*(?:\d[eE]\+?(?:[5-9]|\d\d)|fin
 @rule(code="AMP105", name="constant-outside-fp16-range",
       summary="a constant outside the fp16 range written into a tensor that may be low precision",
       needs=((_BIG_EXPONENT, _BIG_POWER, "0000.", "finfo", "float_info", _BIG_INT_FILL),
-             ("masked_fill", "fill_(", "where(", "full(", _INDEXED_BIG)))
+             (*sorted({op.rstrip("_") for op in WRITES}), _INDEXED_BIG)))
 def amp105(ctx: FileContext) -> Iterator[Hit]:
     if not ctx.imports_torch:
         return  # numpy arrays and friends: not our concern
