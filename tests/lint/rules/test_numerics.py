@@ -44,3 +44,29 @@ def test_numerics_amp105_any_write_of_a_number_from_torch_signatures(write: str)
 ])
 def test_numerics_amp105_not_for_a_factor_a_bound_a_tensor_or_an_in_range_number(call: str) -> None:
     assert hits(_MODULE + f"        return {call}\n") == []
+
+
+@pytest.mark.parametrize("update", [
+    "ema.mul_(0.99).add_(x, alpha=0.01)", "ema.lerp_(x, 0.01)", "ema.copy_(0.99 * ema + 0.01 * x)",
+    "ema = 0.99 * ema + 0.01 * x", "ema = torch.lerp(ema, x, 0.01)", "ema.addcmul_(x, x, value=0.01)",
+    "ema = ema + 0.01 * (x - ema)",
+])
+def test_numerics_amp114_running_average_in_low_precision_however_it_is_updated(update: str) -> None:
+    source = ("import torch\n"
+              "def track(stream):\n"
+              "    ema = torch.zeros(4, dtype=torch.float16)\n"
+              "    for x in stream:\n"
+              f"        {update}\n"
+              "    return ema\n")
+    assert hits(source) == [(5, "AMP114")]
+
+
+@pytest.mark.parametrize("update", ["ema.mul_(0.99)", "ema = ema.float()", "ema.copy_(x)", "ema = x * 2"])
+def test_numerics_amp114_not_a_rescale_a_cast_or_a_plain_overwrite(update: str) -> None:
+    source = ("import torch\n"
+              "def track(stream):\n"
+              "    ema = torch.zeros(4, dtype=torch.float16)\n"
+              "    for x in stream:\n"
+              f"        {update}\n"
+              "    return ema\n")
+    assert hits(source) == []

@@ -313,16 +313,43 @@ def _is_factory(ctx: FileContext, node: ast.expr) -> bool:
                                            or last_name(node.func) in _NEW_FACTORIES)
 
 
+_BLENDS = frozenset({"add_", "sub_", "lerp_", "addcmul_", "addcdiv_"})
+"""In-place methods that blend new values into the tensor they are called on (``mul_`` / ``div_``
+alone only rescale it; chained into one of these, ``ema.mul_(d).add_(x, alpha=1 - d)``, they blend)."""
+
+
+def _mentions(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def _receiver_root(node: ast.expr) -> ast.expr:
+    """``ema`` of ``ema.mul_(d).add_(x)``: the object a chain of method calls starts from."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        node = node.func.value
+    return node
+
+
+def _is_blend(value: ast.expr, name: str) -> bool:
+    """A new value of ``name`` computed from ``name`` and something else: ``name + x``,
+    ``0.99 * name + 0.01 * x``, ``torch.lerp(name, x, w)`` (not a cast ``name.float()``)."""
+    if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Add, ast.Sub)) and any(
+            isinstance(side, ast.Name) and side.id == name for side in (value.left, value.right)):
+        return True  # name + x, name + 1
+    # Anything else must mix in another value (a cast, name.float(), or a rescale, name * 0.5, does not).
+    others = [n for n in ast.walk(value) if isinstance(n, ast.Name) and n.id not in (name, "torch")]
+    return isinstance(value, (ast.BinOp, ast.Call)) and _mentions(value, name) and bool(others)
+
+
 def _is_accumulation(stmt: ast.AST, name: str) -> bool:
-    """``name += x`` / ``name -= x`` / ``name = name + x``."""
+    """A running sum or average of ``name``, however it is assigned: ``name += x`` / ``-=``, or a
+    rebinding to a blend of ``name`` and new values (``name = name + x``, ``name = d * name + (1 - d) * x``,
+    ``name = torch.lerp(name, x, w)``)."""
     if isinstance(stmt, ast.AugAssign):
         return isinstance(stmt.op, (ast.Add, ast.Sub)) and isinstance(stmt.target, ast.Name) \
             and stmt.target.id == name
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-        target, value = stmt.targets[0], stmt.value
-        return (isinstance(target, ast.Name) and target.id == name and isinstance(value, ast.BinOp)
-                and isinstance(value.op, (ast.Add, ast.Sub)) and isinstance(value.left, ast.Name)
-                and value.left.id == name)
+        target = stmt.targets[0]
+        return isinstance(target, ast.Name) and target.id == name and _is_blend(stmt.value, name)
     return False
 
 
@@ -332,9 +359,15 @@ def _accumulations(scope: Scope, name: str) -> Iterator[tuple[ast.AST, Site]]:
             yield site.node, site
     for site in scope.calls:
         func = site.node.func  # type: ignore[attr-defined]
-        if isinstance(func, ast.Attribute) and func.attr in ("add_", "sub_") \
-                and isinstance(func.value, ast.Name) and func.value.id == name:
+        if not isinstance(func, ast.Attribute):
+            continue
+        root = _receiver_root(func.value)
+        if not (isinstance(root, ast.Name) and root.id == name):
+            continue
+        if func.attr in _BLENDS:  # name.add_(x), name.lerp_(x, w), name.mul_(d).add_(x, alpha=...)
             yield site.node, site
+        elif func.attr == "copy_" and site.node.args and _is_blend(site.node.args[0], name):  # type: ignore[attr-defined]
+            yield site.node, site  # name.copy_(d * name + (1 - d) * x)
 
 
 # Screen: a factory with a 16-bit dtype on one line, or a name bound to a 16-bit dtype.
@@ -343,8 +376,8 @@ _LOW_DTYPE_BINDING = re.compile(rb"=[ \t]*torch\.(?:float16|half|bfloat16)\b")
 
 
 @rule(code="AMP114", name="low-precision-accumulator",
-      summary="a running accumulator kept in fp16/bf16 and updated in a loop",
-      needs=(("float16", "bfloat16", "half"), ("+=", "-=", "add_(", "sub_("), (_LOW_FACTORY, _LOW_DTYPE_BINDING)))
+      summary="a running sum or average kept in fp16/bf16 and updated in a loop",
+      needs=(("float16", "bfloat16", "half"), (_LOW_FACTORY, _LOW_DTYPE_BINDING)))
 def amp114(ctx: FileContext) -> Iterator[Hit]:
     for scope in ctx.scopes:
         for name, values in scope.bindings.items():
@@ -365,8 +398,8 @@ def amp114(ctx: FileContext) -> Iterator[Hit]:
             dtype = TORCH_DTYPE_NAMES[dtypes.pop()]  # type: ignore[index]
             for node, site in updates:
                 if any(all(not c.inside(loop) for c in creations) for loop in site.loops()):
-                    yield node, (f"`{name}` is a {dtype} running sum updated in a loop: once the total is "
-                                 f"~{2 ** 11 if dtype == 'float16' else 2 ** 8}x an addend, additions round "
+                    yield node, (f"`{name}` is a {dtype} running sum or average updated in a loop: once it is "
+                                 f"~{2 ** 11 if dtype == 'float16' else 2 ** 8}x an update, updates round "
                                  "away; accumulate in torch.float32 and cast once at the end")
 
 
