@@ -70,3 +70,20 @@ def test_numerics_amp114_not_a_rescale_a_cast_or_a_plain_overwrite(update: str) 
               f"        {update}\n"
               "    return ema\n")
     assert hits(source) == []
+
+
+@pytest.mark.parametrize("source, line", [
+    ("import torch\nimport torch.nn.functional as F\ndef nll(x, y):\n    p = F.softmax(x, dim=-1)\n"
+     "    keep = p[torch.arange(len(y)), y]\n    return -torch.log(keep).mean()\n", 6),
+    ("import torch\ndef nll(x, y):\n    p = x.softmax(-1)\n    return -(p.gather(1, y[:, None]).log()).mean()\n", 4),
+    ("import torch\nimport torch.nn.functional as F\ndef probs(x):\n    return F.softmax(x, dim=-1)\n"
+     "def nll(x, y):\n    return -torch.log(torch.gather(probs(x), 1, y[:, None]) + 1e-8).mean()\n", 6),
+    ("import torch\ndef gate(x):\n    return torch.sigmoid(x)\ndef loss(x):\n    g = gate(x)\n    return g[:, 0].log().sum()\n", 6),
+])
+def test_numerics_amp106_follows_a_selection_a_variable_and_a_helper(source: str, line: int) -> None:
+    assert hits(source) == [(line, "AMP106")]
+
+
+def test_numerics_amp106_not_for_a_helper_that_returns_something_else() -> None:
+    assert hits("import torch\ndef probs(x):\n    return x.exp() / x.exp().sum()\n"
+                "def nll(x, y):\n    return -torch.log(probs(x)[:, 0]).mean()\n") == []

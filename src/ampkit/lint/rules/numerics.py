@@ -212,9 +212,19 @@ def _strip_epsilon(node: ast.expr) -> ast.expr:
     return node
 
 
+_SELECTIONS = frozenset({
+    "gather", "index_select", "take_along_dim", "select", "narrow", "masked_select", "take",
+    "squeeze", "unsqueeze", "view", "reshape", "flatten", "contiguous", "transpose", "permute",
+})
+"""Ops that pick or rearrange elements: the log of what they return is the log of the probabilities."""
+
+
 def _probability_kind(ctx: FileContext, node: ast.expr, scope: Scope, depth: int = 0) -> str | None:
-    """``softmax`` / ``sigmoid`` when ``node`` is (bound to) such an output, else None."""
+    """``softmax`` / ``sigmoid`` when ``node`` is such an output, or a selection of one (``p[i, y]``,
+    ``p.gather(1, y)``), through a variable bound to it or a function of this file that returns it."""
     node = _strip_epsilon(node)
+    if isinstance(node, ast.Subscript):  # p[torch.arange(n), y]: a selection of the probabilities
+        return _probability_kind(ctx, node.value, scope, depth)
     if isinstance(node, ast.Call):
         name = ctx.qualname(node.func)
         if name in _SOFTMAX:
@@ -226,11 +236,29 @@ def _probability_kind(ctx: FileContext, node: ast.expr, scope: Scope, depth: int
                 return "softmax"
             if node.func.attr == "sigmoid" and not node.args:
                 return "sigmoid"
+            if node.func.attr in _SELECTIONS:
+                return _probability_kind(ctx, node.func.value, scope, depth)
+        if name is not None and name.startswith("torch.") and name[6:] in _SELECTIONS and node.args:
+            return _probability_kind(ctx, node.args[0], scope, depth)
+        if name is None and isinstance(node.func, ast.Name) and depth < 2:
+            return _returned_kind(ctx, node.func.id, depth + 1)  # probs = my_softmax(x)
         return None
     if depth < 2 and isinstance(node, ast.Name):
         value = ctx.value_of(node, scope)
         if value is not None:
             return _probability_kind(ctx, value, scope, depth + 1)
+    return None
+
+
+def _returned_kind(ctx: FileContext, function: str, depth: int) -> str | None:
+    """The probability kind every ``return`` of the module-level ``function`` gives, else None."""
+    for scope in ctx.scopes:
+        node = scope.node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function \
+                and scope.parent is not None and scope.parent.parent is None:
+            kinds = {_probability_kind(ctx, r.value, scope, depth) for r in ast.walk(node)
+                     if isinstance(r, ast.Return) and r.value is not None}
+            return kinds.pop() if len(kinds) == 1 else None
     return None
 
 
