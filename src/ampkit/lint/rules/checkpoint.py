@@ -1,7 +1,9 @@
 """The loss scaler in checkpoints (AMP104): a checkpoint that saves model and optimizer state but
 not the scaler's, while an enabled scaler exists.  The saved object is followed through a dict
 literal or ``dict(...)``, a name bound to one (with ``ckpt["k"] = v`` additions), ``asdict()`` of a
-dataclass of the same file, and a method of the same class that builds and returns the dict."""
+dataclass of the same file, a method of the same class or a function of the same file that builds
+and returns the dict, and from a function that saves its parameter to each call of it in the file
+(reported at that call, where the dict is built)."""
 
 from __future__ import annotations
 
@@ -83,7 +85,8 @@ def _dict_entries(ctx: FileContext, scope: Scope, obj: ast.expr,
 
 def _built_entries(ctx: FileContext, scope: Scope, call: ast.Call) -> list[tuple[str | None, ast.expr]] | None:
     """Entries of a checkpoint built by ``asdict(state)``, a dataclass of this file, or a method of
-    the same class that returns a dict (``self._checkpoint()``); None for any other call."""
+    the same class or a module-level function of this file that returns a dict (``self._checkpoint()``,
+    ``make_checkpoint(model, opt)``); None for any other call."""
     if last_name(call.func) == "asdict" and len(call.args) == 1:
         return _dict_entries(ctx, scope, call.args[0], call)
     name = last_name(call.func)
@@ -92,8 +95,9 @@ def _built_entries(ctx: FileContext, scope: Scope, call: ast.Call) -> list[tuple
         if isinstance(node, ast.ClassDef) and node.name == name and isinstance(call.func, ast.Name) \
                 and any(last_name(d.func if isinstance(d, ast.Call) else d) == "dataclass" for d in node.decorator_list):
             return _dataclass_entries(node, call)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name \
-                and other.cls is not None and other.cls is scope.cls and expr_key(call.func) == f"self.{name}":
+        same_class = other.cls is not None and other.cls is scope.cls and expr_key(call.func) == f"self.{name}"
+        module_level = isinstance(call.func, ast.Name) and other.parent is not None and other.parent.parent is None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name and (same_class or module_level):
             returns = [site.node.value for site in other.jumps if isinstance(site.node, ast.Return)]
             if not returns or any(r is None for r in returns):
                 return None
@@ -131,20 +135,44 @@ def amp104(ctx: FileContext) -> Iterator[Hit]:
             obj = call_arg(call, 0, "obj")
             if obj is None:
                 continue
-            entries = _dict_entries(ctx, scope, obj, call)
-            if not entries or any(k is None for k, _ in entries):
-                continue
-            if not any(_has_state_dict(v) for _, v in entries):
-                continue
-            scalers = _visible_scalers(ctx, scope)
-            if not scalers:
-                continue
-            if any(_mentions_scaler(k, v, scalers) for k, v in entries):
-                continue
-            name = sorted(scalers)[0]
-            yield call, (f"checkpoint has model/optimizer state but not the loss-scaler state; a resumed run "
-                         f"restarts at the initial scale and skips steps finding it again; save "
-                         f"'scaler': {name}.state_dict() and load it on resume")
+            for where, built_in, saved in [(call, scope, obj), *_callers_passing(ctx, scope, obj)]:
+                message = _missing_scaler(ctx, built_in, saved, where)
+                if message is not None:
+                    yield where, message
+
+
+def _missing_scaler(ctx: FileContext, scope: Scope, obj: ast.expr, at: ast.AST) -> str | None:
+    """AMP104's message when ``obj`` (saved at ``at``, in ``scope``) holds model or optimizer state but not
+    the state of a loss scaler visible there; None when it has it, or its content is unknown."""
+    entries = _dict_entries(ctx, scope, obj, at)
+    if not entries or any(k is None for k, _ in entries) or not any(_has_state_dict(v) for _, v in entries):
+        return None
+    scalers = _visible_scalers(ctx, scope)
+    if not scalers or any(_mentions_scaler(k, v, scalers) for k, v in entries):
+        return None
+    return (f"checkpoint has model/optimizer state but not the loss-scaler state; a resumed run restarts at the "
+            f"initial scale and skips steps finding it again; save 'scaler': {sorted(scalers)[0]}.state_dict() "
+            "and load it on resume")
+
+
+def _callers_passing(ctx: FileContext, scope: Scope, obj: ast.expr) -> Iterator[tuple[ast.Call, Scope, ast.expr]]:
+    """``(call, its scope, the argument)`` for each call, in this file, of the module-level function
+    ``scope`` whose parameter ``obj`` it saves: the checkpoint is built in the caller (``save(state, path)``)."""
+    node = scope.node
+    if not (isinstance(obj, ast.Name) and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and scope.parent is not None and scope.parent.parent is None):
+        return
+    params = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+    if obj.id not in params or scope.bindings.get(obj.id, [None]) != [None]:
+        return  # not a parameter, or rebound in the function
+    index = params.index(obj.id)
+    for caller, site in ctx.calls():
+        call = site.node
+        assert isinstance(call, ast.Call)
+        if isinstance(call.func, ast.Name) and call.func.id == node.name:
+            arg = call_arg(call, index, obj.id)
+            if arg is not None:
+                yield call, caller, arg
 
 
 def _has_state_dict(value: ast.expr) -> bool:
