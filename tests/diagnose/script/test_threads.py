@@ -80,3 +80,54 @@ def test_doctor_threads_count_every_threads_steps_and_report_the_broken_threads_
     assert [r["step"] for r in data_replays] == [13]  # the broken thread's 13th optimizer step
     clean = range(_line(source, "def clean"), _line(source, "def broken"))
     assert all(int(f["location"].rsplit(":", 1)[1]) not in clean for f in doc["findings"] if f["location"])
+
+
+# The main thread enters autocast and hands the forward to a worker thread, which does not inherit it.
+POOL = """
+    from concurrent.futures import ThreadPoolExecutor
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    {decorator}
+    def forward(x):
+        return model(x)  # WORKER FORWARD
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for step in range(6):
+            x, y = torch.randn(4, 8), torch.randn(4, 1)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = pool.submit(forward, x).result()
+                loss = nn.functional.mse_loss(out.float(), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def _doctor(tmp_path: Path, source: str) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "ampkit.cli.main", "doctor", "--json", str(out), str(script)],
+                          capture_output=True, text=True, timeout=600)
+    return json.loads(out.read_text()), proc
+
+
+def test_doctor_threads_forward_in_a_worker_is_outside_the_main_threads_autocast(tmp_path: Path) -> None:
+    source = textwrap.dedent(POOL.format(decorator=""))
+    doc, proc = _doctor(tmp_path, source)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # a warning
+    [inactive] = [f for f in doc["findings"] if f["code"] == "AUTOCAST_INACTIVE"]
+    assert "thread-local" in inactive["message"] and "MainThread" in inactive["message"]
+    assert "@torch.autocast" in inactive["fix"] and inactive["evidence"]["forwards"] == 6
+    assert inactive["location"] == f"{tmp_path / 'train.py'}:{_line(source, 'WORKER FORWARD')}"
+
+
+def test_doctor_threads_worker_that_enters_autocast_itself_is_not_reported(tmp_path: Path) -> None:
+    source = textwrap.dedent(POOL.format(decorator='@torch.autocast("cpu", dtype=torch.bfloat16)'))
+    doc, proc = _doctor(tmp_path, source)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not [f for f in doc["findings"] if f["code"] == "AUTOCAST_INACTIVE"]

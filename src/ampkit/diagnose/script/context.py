@@ -70,6 +70,11 @@ class _Forwards:
     half_params: Counter[torch.dtype] = field(default_factory=Counter)
     wrong_device: dict[tuple[str, str], int] = field(default_factory=dict)
     devices: set[str] = field(default_factory=set)
+    autocast_threads: set[str] = field(default_factory=set)
+    """Threads that ran a forward under autocast."""
+    outside_threads: dict[str, tuple[int, str, str | None, str | None]] = field(default_factory=dict)
+    """Thread -> (forwards, the thread that was in autocast then, its autocast line, the first forward's
+    line): fp32 forwards while another thread was inside an enabled autocast block."""
 
 
 class _WatcherOf(Generic[W]):
@@ -197,10 +202,15 @@ class Context:
         f = self.forwards
         f.total += 1
         f.devices.add(cap.device.type)
+        thread = threading.current_thread().name
         if cap.autocast_enabled:
             f.autocast[cap.autocast_dtype] += 1
+            f.autocast_threads.add(thread)
         elif cap.param_dtype in (torch.float16, torch.bfloat16):
             f.half_params[cap.param_dtype] += 1
+        elif not cap.other_autocast and (holder := self.services.regions.enabled_elsewhere()) is not None:
+            n, holder_name, where, line = f.outside_threads.get(thread, (0, *holder, cap.location))
+            f.outside_threads[thread] = (n + 1, holder_name, where, line)
         for other in cap.other_autocast:
             key = (other, cap.device.type)
             f.wrong_device[key] = f.wrong_device.get(key, 0) + 1

@@ -151,6 +151,19 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
                 "`next(model.parameters()).device.type`)",
             location=loc, evidence={"autocast_device_type": other, "model_device_type": dev, "forwards": n},
         )
+    for thread, (n, other, where, line) in f.outside_threads.items():
+        if thread in f.autocast_threads:
+            continue  # this thread enters autocast itself; these were its fp32 forwards (evaluation, ...)
+        ctx.ledger.add(
+            "AUTOCAST_INACTIVE", key=("thread", thread),
+            message=(f"{n} forward(s) ran in thread {thread!r} in fp32 while thread {other!r} was inside "
+                     f"torch.autocast (entered at {where}): autocast is thread-local, so work handed to "
+                     "another thread (a thread pool, a prefetching or teacher thread) does not inherit it"),
+            fix=("enter autocast inside the function the thread runs (`with torch.autocast(device_type=..., "
+                 "dtype=...):` around its forward), or decorate that function with "
+                 "`@torch.autocast(device_type=..., dtype=...)`"),
+            location=line, evidence={"thread": thread, "autocast_thread": other, "forwards": n},
+        )
     used_autocast = sum(f.autocast.values()) > 0 or sum(f.half_params.values()) > 0
     scalers = [info for info in ctx.scalers.enabled_infos() if info.used]
     if scalers and f.total and not used_autocast and not ctx.ledger.has("AUTOCAST_INACTIVE"):

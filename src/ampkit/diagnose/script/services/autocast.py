@@ -8,6 +8,8 @@ thread-local in torch, so is a region.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ampkit._util.threads import PerThread
@@ -26,17 +28,31 @@ class AutocastRegions:
     def __init__(self) -> None:
         self.region = 0
         """Outermost regions entered so far, all threads."""
+        self.enabled_in: dict[int, tuple[str, str | None]] = {}
+        """Thread ident -> (thread name, location) of each thread now inside an enabled outermost
+        autocast block: what another thread's forward would wrongly expect to inherit."""
 
-    def enter(self, location: str | None) -> None:
+    def enter(self, location: str | None, *, enabled: bool = True) -> None:
         """An autocast block was entered at ``location``; the outermost one opens a region."""
         self.depth += 1
         if self.depth == 1:
             self.region += 1
             self.region_stepped = None
             self.region_location = location
+            if enabled:
+                self.enabled_in[threading.get_ident()] = (threading.current_thread().name, location)
 
     def exit(self) -> None:
         self.depth = max(0, self.depth - 1)
+        if self.depth == 0:
+            self.enabled_in.pop(threading.get_ident(), None)
+
+    def enabled_elsewhere(self) -> tuple[str, str | None] | None:
+        """(thread name, location) of another thread inside an enabled autocast block, if this one is in none."""
+        me = threading.get_ident()
+        if me in self.enabled_in:
+            return None
+        return next((v for ident, v in list(self.enabled_in.items()) if ident != me), None)
 
     @staticmethod
     def any_enabled() -> bool:

@@ -84,7 +84,7 @@ class AutocastWatch(Watcher):
             if self.state.paused:
                 return out
             loc = getattr(ac, "_ampkit_location", None)
-            self.regions.enter(loc)
+            self.regions.enter(loc, enabled=bool(ac._enabled))
             key = (loc, str(ac.device), ac.fast_dtype)
             req = self.requests.get(key)
             if req is None:
