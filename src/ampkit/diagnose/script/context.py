@@ -28,6 +28,7 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.losstrace import FirstBad, LossSideTrace
 from ampkit.diagnose.script.models import Capture, ModelWatch
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services import ScalerRegistry, Services
@@ -113,6 +114,8 @@ class Context:
         """Steps whose gradients were non-finite at an optimizer step no scaler guarded."""
         self.norm_bad: dict[str, tuple[int, int, bool]] = {}
         """module name -> (first step seen, non-finite count, seen right after a skipped step)."""
+        self._loss_trace: LossSideTrace | None = None
+        self._loss_trace_report: Callable[[FirstBad | None], None] | None = None
 
     # The watchers and the shared state, under the names the rules and the runner read.
     autocast = _WatcherOf(AutocastWatch)
@@ -185,8 +188,32 @@ class Context:
 
     def finish(self) -> None:
         """The run ended: each watcher adds its end-of-run findings (after the pending reads are flushed)."""
+        self._close_loss_trace(final=True)
         for watch in self.watchers:
             watch.finish()
+
+    # -- the loss-side trace (``script.losstrace``) -------------------------------------------------
+    def arm_loss_trace(self, report: Callable[[FirstBad | None], None]) -> None:
+        """Trace the next iteration from the end of a root forward to the end of its step; ``report`` gets
+        the first op that made a finite value inf/NaN, or None (nothing such, or no iteration traced)."""
+        if self._loss_trace_report is None:
+            self._loss_trace_report = report
+
+    def _open_loss_trace(self) -> None:
+        if self._loss_trace_report is not None and self._loss_trace is None and not self.state.paused:
+            self._loss_trace = LossSideTrace(self.code, lambda: self.state.paused)
+            self._loss_trace.__enter__()
+
+    def _close_loss_trace(self, *, final: bool) -> None:
+        trace, report = self._loss_trace, self._loss_trace_report
+        if trace is not None and trace.thread == threading.get_ident():
+            trace.__exit__(None, None, None)
+            self._loss_trace = self._loss_trace_report = None
+            assert report is not None
+            report(trace.first)
+        elif final and report is not None:
+            self._loss_trace_report = None
+            report(None)
 
     def note_location(self, what: str, location: str | None) -> None:
         self.state.note_location(what, location)
@@ -195,6 +222,7 @@ class Context:
     def _on_root_forward(self, cap: Capture) -> None:
         with self._lock:  # forwards of several threads: the counters must not lose an increment
             self._count_forward(cap)
+        self._open_loss_trace()
         for watch in self._forward_watchers:
             watch.on_root_forward(cap)
 
@@ -217,6 +245,7 @@ class Context:
 
     def end_iteration(self) -> None:
         """The primary optimizer stepped (or was skipped): a new iteration begins."""
+        self._close_loss_trace(final=False)
         self.state.count_step()
         self.models.step = self.step
         self.models.new_window()

@@ -45,6 +45,7 @@ from ampkit.diagnose.script.compiled import compare_last_step
 from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
+from ampkit.diagnose.script.losstrace import FirstBad
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
 from ampkit.diagnose.script.models import Capture
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
@@ -174,18 +175,40 @@ class _Runner:
         return None
 
     def _loss_code_nonfinite(self, cap: Capture, failure: Failure) -> None:
+        """The loss went non-finite although the model's outputs were finite: the next iteration is traced
+        (``script.losstrace``) to name the op between the model and the loss that made the first bad
+        value; without one (the next loss was finite, or no iteration followed) the finding says where."""
         label = self.ctx.models.label(cap.root)
         loss = cap.loss
         nan = loss is not None and bool(torch.isnan(loss).any())
-        self.ctx.ledger.add(
-            "FORWARD_NAN" if nan else "FORWARD_OVERFLOW", key=("loss-code", label),
-            message=(f"the loss became {'NaN' if nan else 'inf'} at step {failure.step} although the outputs of "
-                     f"{label} were finite: the op that produced it runs between the model and the loss (the loss "
-                     "function or a post-processing step), in low precision"),
-            fix="compute the loss from fp32 values: `loss_fn(output.float(), target)`, and guard log/div/exp "
-                "against zero and huge inputs",
-            location=cap.location, step=failure.step,
-        )
+        became = "NaN" if nan else "inf"
+
+        def report(first: FirstBad | None) -> None:
+            if first is None:
+                self.ctx.ledger.add(
+                    "FORWARD_NAN" if nan else "FORWARD_OVERFLOW", key=("loss-code", label),
+                    message=(f"the loss became {became} at step {failure.step} although the outputs of {label} "
+                             "were finite: the op that produced it runs between the model and the loss (the loss "
+                             "function or a post-processing step), in low precision"),
+                    fix="compute the loss from fp32 values: `loss_fn(output.float(), target)`, and guard "
+                        "log/div/exp against zero and huge inputs",
+                    location=cap.location, step=failure.step)
+                return
+            made = "NaN" if first.nan else "±inf"
+            self.ctx.ledger.add(
+                "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", key=("loss-code", label), op=first.op,
+                message=(f"{first.op}, between the outputs of {label} and the loss (no module), turned finite "
+                         f"inputs (largest |x| = {first.in_absmax:.4g}) into {made} in {first.out_dtype}: the first "
+                         f"non-finite value of the step, which made the loss {became} at step {failure.step} "
+                         "(the op was found by tracing the next step)"),
+                fix=("compute this op in fp32: `.float()` on its inputs, or run it under `torch.autocast(..., "
+                     "enabled=False)`" + ("; or bring its inputs into range first (normalise the features, "
+                                          "divide by sqrt(d))" if not first.nan else "")),
+                location=first.location, step=failure.step,
+                evidence={"traced_step": failure.step + 1, "input_absmax": first.in_absmax,
+                          "output_dtype": first.out_dtype})
+
+        self.ctx.arm_loss_trace(report)
 
     def _boundary_overflow(self, cap: Capture, failure: Failure) -> None:
         label = self.ctx.models.label(cap.root)

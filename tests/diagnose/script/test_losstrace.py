@@ -1,0 +1,83 @@
+"""The loss-side trace: the first op between a model's output and the loss that turns finite values
+into inf/NaN decides the finding (FORWARD_OVERFLOW at the op that made the inf, not FORWARD_NAN at
+the op that later made NaN of it), with its op and line although no module runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+
+from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.losstrace import LossSideTrace
+
+# A contrastive loss: the similarity matrix overflows fp16 (|sim| > 65504), then subtracting the row
+# maximum turns inf - inf into NaN, and the loss is NaN; the encoder's outputs stay finite.
+SCRIPT = """
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    enc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32))
+    opt = torch.optim.SGD(enc.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    for step in range({steps}):
+        x = torch.randn(8, 16) * ({scale_expr})
+        with torch.autocast("cpu", dtype=torch.float16):
+            z = enc(x)  # MODEL
+            sim = z @ z.T  # SIMILARITY
+            sim = sim - sim.max(dim=-1, keepdim=True).values  # NAN FROM INF
+            loss = F.cross_entropy(sim.float(), torch.arange(8))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+"""
+
+
+def _line(source: str, marker: str) -> int:
+    return next(i for i, text in enumerate(source.splitlines(), 1) if marker in text)
+
+
+def _doctor(tmp_path: Path, source: str) -> list[dict]:
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "ampkit.cli.main", "doctor", "--json", str(out), str(script)],
+                          capture_output=True, text=True, timeout=600)
+    assert out.exists(), proc.stdout + proc.stderr
+    return [f for f in json.loads(out.read_text())["findings"] if f["code"].startswith("FORWARD_")]
+
+
+def test_losstrace_first_bad_value_decides_the_code_and_names_the_op_and_line(tmp_path: Path) -> None:
+    source = textwrap.dedent(SCRIPT.format(steps=6, scale_expr="300"))
+    (finding,) = _doctor(tmp_path, source)
+    assert finding["code"] == "FORWARD_OVERFLOW" and finding["severity"] == "error"
+    assert "matmul" in finding["op"] and finding["module"] is None
+    assert finding["location"] == f"{tmp_path / 'train.py'}:{_line(source, 'SIMILARITY')}"
+    assert "the first non-finite value" in finding["message"] and finding["step"] == 1
+
+
+def test_losstrace_without_a_next_step_says_the_loss_code_is_at_fault(tmp_path: Path) -> None:
+    # Only the last step overflows: no step follows to trace, so the finding names the model call.
+    source = textwrap.dedent(SCRIPT.format(steps=4, scale_expr="300 if step == 3 else 1"))
+    (finding,) = _doctor(tmp_path, source)
+    assert finding["code"] == "FORWARD_NAN" and finding["op"] is None
+    assert finding["location"] == f"{tmp_path / 'train.py'}:{_line(source, 'MODEL')}"
+    assert "between the model and the loss" in finding["message"]
+
+
+def test_losstrace_records_the_inf_maker_not_the_nan_maker() -> None:
+    a = torch.full((2, 2), 300.0, dtype=torch.float16)
+    trace = LossSideTrace(UserFrames([Path(__file__).parent]), lambda: False)
+    with trace:
+        sim = a @ a  # 180000: beyond fp16
+        _ = sim - sim  # inf - inf = NaN
+    assert trace.first is not None and "matmul" in trace.first.op
+    assert not trace.first.nan and trace.first.out_dtype == "fp16" and trace.first.in_absmax == 300.0
+    assert trace.first.location is not None and trace.first.location.endswith(f":{_line(Path(__file__).read_text(), '180000')}")
