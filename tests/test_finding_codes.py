@@ -20,7 +20,9 @@ def test_finding_codes_literal_and_severity_table_name_the_same_codes() -> None:
 
 
 def _mypy(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "emitter.py"
+    # One file per code: mypy's cache keys a file by its path, size and mtime, which two spellings of
+    # the same length written within a second share.
+    script = tmp_path / f"emitter_{code.lower()}.py"
     script.write_text("from ampkit.findings import Finding\n\n"
                       f'Finding(code="{code}", severity="error", message="m", fix="f")\n')
     return subprocess.run([sys.executable, "-m", "mypy", str(script)], cwd=ROOT, capture_output=True, text=True,

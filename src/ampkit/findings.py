@@ -71,6 +71,7 @@ Code = Literal[
     "FP8_FLUSH",
     "SLOW_FP8_GEMM",
     "FORKED_CHILD_UNOBSERVED",
+    "GRADIENT_PENALTY_SCALED",
 ]
 """The stable finding codes (docs/findings.md): a misspelled code fails the type check, not a user's run."""
 
@@ -103,6 +104,7 @@ CODES: dict[Code, Severity] = {
     "FP8_FLUSH": "warning",
     "SLOW_FP8_GEMM": "warning",
     "FORKED_CHILD_UNOBSERVED": "info",
+    "GRADIENT_PENALTY_SCALED": "error",
 }
 
 

@@ -81,3 +81,14 @@ def test_losstrace_records_the_inf_maker_not_the_nan_maker() -> None:
     assert trace.first is not None and "matmul" in trace.first.op
     assert not trace.first.nan and trace.first.out_dtype == "fp16" and trace.first.in_absmax == 300.0
     assert trace.first.location is not None and trace.first.location.endswith(f":{_line(Path(__file__).read_text(), '180000')}")
+
+
+def test_losstrace_stops_at_the_backward() -> None:
+    # After the loss's backward, non-finite gradients and the step's reads of them are not loss code.
+    w = torch.ones(2, requires_grad=True)
+    trace = LossSideTrace(UserFrames([Path(__file__).parent]), lambda: False)
+    with trace:
+        torch.sqrt(w - 1).sum().backward()  # a finite loss (0); d sqrt(x)/dx at 0 is inf
+        assert w.grad is not None and torch.isinf(w.grad).all()  # read through Tensor.grad.__get__
+        _ = w.grad * 2
+    assert trace.stopped and trace.first is None

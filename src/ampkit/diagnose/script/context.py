@@ -305,6 +305,8 @@ class Context:
     def _classify(self, caps: list[Capture], it: int) -> str:
         if self._inputs_nonfinite(caps, it):
             return "nonfinite_data"
+        if it in self.scalers.penalty_overflow:
+            return "gradient_overflow"  # a loss made of gradients that overflowed at this scale
         if any(c.loss is not None and not bool(torch.isfinite(c.loss).all()) for c in caps):
             self.loss_nonfinite.add(it)  # read here, on the failure path, for scaled losses
         if it in self.loss_nonfinite:

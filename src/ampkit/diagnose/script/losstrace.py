@@ -2,8 +2,8 @@
 
 When a loss goes non-finite while every model output was finite, the culprit is code with no module
 (a distance, a similarity matrix, a normalisation): a replay of the model cannot show it.  The next
-iteration then runs under this ``TorchFunctionMode`` from the end of the model's forward to the end
-of the step, and records the first op whose floating inputs were all finite and whose output is not:
+iteration then runs under this ``TorchFunctionMode`` from the end of the model's forward to its
+loss's backward, and records the first op whose floating inputs were all finite and whose output is not:
 the op that made the first bad value, with its user line.  A later op that turns that inf into NaN
 (``inf - inf``) has a non-finite input, so it never wins: the first bad value decides the finding.
 
@@ -52,14 +52,19 @@ class LossSideTrace(TorchFunctionMode):
         self.paused = paused
         self.thread = threading.get_ident()
         self.first: FirstBad | None = None
+        self.stopped = False
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.backward or func is torch.autograd.backward:
+            self.stopped = True  # the loss is made: what follows (gradients, the step) is not loss code
         out = func(*args, **(kwargs or {}))
-        if self.first is None and threading.get_ident() == self.thread and not self.paused():
+        if self.first is None and not self.stopped and threading.get_ident() == self.thread and not self.paused():
             self._check(func, (args, kwargs or {}), out)
         return out
 
     def _check(self, func: Any, inputs: Any, out: Any) -> None:
+        if getattr(func, "__name__", "") == "__get__":
+            return  # an attribute read (``t.grad``) returns a stored tensor, it computes nothing
         ins, outs = _floats(inputs), _floats(out)
         if not ins or not outs or not all(bool(torch.isfinite(t).all()) for t in ins):
             return

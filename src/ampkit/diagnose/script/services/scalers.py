@@ -86,6 +86,9 @@ class ScalerRegistry:
         self._scaled: dict[int, ScaledSource] = {}
         self.scaled_overflow: set[int] = set()
         """Steps where loss × scale overflowed the loss's low-precision dtype."""
+        self.penalty_overflow: set[int] = set()
+        """Steps whose ``torch.autograd.grad`` of a scaled loss returned inf/NaN gradients: the scaled backward
+        overflowed, which the scaler's back-off handles (ordinary dynamic scaling, not a forward failure)."""
         self.ampkit_scaled = 0
         self.ampkit_enabled = False
         """An ampkit loss scaler that scaled a loss was enabled."""
@@ -125,6 +128,11 @@ class ScalerRegistry:
         for a, b in zip(ins, outs):
             if isinstance(b, torch.Tensor):
                 self._scaled[id(b)] = ScaledSource(tensor=b, loss=a, scale=scale, enabled=enabled, kind=kind)
+
+    def peek_scaled(self, t: torch.Tensor) -> ScaledSource | None:
+        """The scaling that produced ``t``, left in place for its backward (``scaled_source`` consumes it)."""
+        src = self._scaled.get(id(t))
+        return src if src is not None and src.tensor is t else None
 
     def scaled_source(self, t: torch.Tensor) -> ScaledSource | None:
         """The scaling that produced ``t`` (consumed: a backward asks once), or None when no scaler made it."""

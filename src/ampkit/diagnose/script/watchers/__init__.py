@@ -16,6 +16,7 @@ from ampkit.diagnose.script.watchers.fork import ForkWatch
 from ampkit.diagnose.script.watchers.frameworks import FrameworkWatch
 from ampkit.diagnose.script.watchers.io import CheckpointWatch
 from ampkit.diagnose.script.watchers.optim import OptimWatch
+from ampkit.diagnose.script.watchers.penalty import GradPenaltyWatch
 from ampkit.diagnose.script.watchers.scaler import ScalerWatch
 
 __all__ = ["WATCHERS", "Watcher"]
@@ -27,6 +28,7 @@ WATCHERS: tuple[type[Watcher], ...] = (
     ScalerWatch,
     OptimWatch,
     BackwardWatch,
+    GradPenaltyWatch,
     CheckpointWatch,
     CompileWatch,
     EngineWatch,
