@@ -31,7 +31,8 @@ __all__ = ["FirstBad", "LossSideTrace"]
 @dataclass(frozen=True)
 class FirstBad:
     op: str
-    """torch's name of the call (``torch.matmul``, ``torch.Tensor.__matmul__``)."""
+    """torch's name of the call, in the findings' ``namespace::name`` form: ``torch::matmul``,
+    ``torch::Tensor.__matmul__``, ``torch::nn.functional.linear``."""
     location: str | None
     nan: bool
     """NaN in the output (else only ±inf: an overflow)."""
@@ -41,6 +42,11 @@ class FirstBad:
 
 def _floats(obj: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+
+
+def _op_name(func: Any) -> str:
+    name = resolve_name(func) or getattr(func, "__qualname__", None) or getattr(func, "__name__", "op")
+    return f"torch::{name.removeprefix('torch.')}"
 
 
 class LossSideTrace(TorchFunctionMode):
@@ -70,7 +76,7 @@ class LossSideTrace(TorchFunctionMode):
             return
         bad = [o for o in outs if not bool(torch.isfinite(o).all())]
         if bad:
-            self.first = FirstBad(op=resolve_name(func) or getattr(func, "__name__", repr(func)),
+            self.first = FirstBad(op=_op_name(func),
                                   location=self.frames.caller(), nan=any(bool(torch.isnan(o).any()) for o in bad),
                                   out_dtype=dtype_name(bad[0].dtype),
                                   in_absmax=max(float(t.detach().abs().max()) for t in ins))
