@@ -45,7 +45,7 @@ def _floats(obj: Any) -> list[torch.Tensor]:
 
 
 def _op_name(func: Any) -> str:
-    name = resolve_name(func) or getattr(func, "__qualname__", None) or getattr(func, "__name__", "op")
+    name = str(resolve_name(func) or getattr(func, "__qualname__", None) or getattr(func, "__name__", "op"))
     return f"torch::{name.removeprefix('torch.')}"
 
 
