@@ -1,0 +1,34 @@
+"""Knowledge distillation whose student applies a sharpening temperature inside its forward, under
+fp16 autocast: ``logits / 0.01`` multiplies logits of a few hundred by 100, beyond fp16's 65504.
+
+The overflow is inside the student (its head module), in the division; every step is skipped.
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class Student(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.temperature = 0.01
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) / self.temperature  # sharpened logits
+
+
+torch.manual_seed(0)
+student = Student()
+optimizer = torch.optim.SGD(student.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cpu")
+inputs, targets = torch.randn(48, 16) * 200, torch.randint(0, 10, (48,))
+for step in range(6):
+    x, y = inputs[step * 8:(step + 1) * 8], targets[step * 8:(step + 1) * 8]
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(student(x).float(), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+print(f"loss {loss.item():.4f}")
