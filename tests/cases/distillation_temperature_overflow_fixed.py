@@ -19,7 +19,7 @@ torch.manual_seed(0)
 student = Student()
 optimizer = torch.optim.SGD(student.parameters(), lr=1e-3)
 scaler = torch.amp.GradScaler("cpu")
-inputs, targets = torch.randn(48, 16) * 200, torch.randint(0, 10, (48,))
+inputs, targets = torch.randn(48, 16) * 1000, torch.randint(0, 10, (48,))
 for step in range(6):
     x, y = inputs[step * 8:(step + 1) * 8], targets[step * 8:(step + 1) * 8]
     with torch.autocast("cpu", dtype=torch.float16):
