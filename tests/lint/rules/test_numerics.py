@@ -52,24 +52,22 @@ def test_numerics_amp105_not_for_a_factor_a_bound_a_tensor_or_an_in_range_number
     "ema = ema + 0.01 * (x - ema)",
 ])
 def test_numerics_amp114_running_average_in_low_precision_however_it_is_updated(update: str) -> None:
-    source = ("import torch\n"
-              "def track(stream):\n"
-              "    ema = torch.zeros(4, dtype=torch.float16)\n"
-              "    for x in stream:\n"
-              f"        {update}\n"
-              "    return ema\n")
-    assert hits(source) == [(5, "AMP114")]
+    assert hits(_tracker(update)) == [(5, "AMP114")]
 
 
 @pytest.mark.parametrize("update", ["ema.mul_(0.99)", "ema = ema.float()", "ema.copy_(x)", "ema = x * 2"])
 def test_numerics_amp114_not_a_rescale_a_cast_or_a_plain_overwrite(update: str) -> None:
-    source = ("import torch\n"
-              "def track(stream):\n"
-              "    ema = torch.zeros(4, dtype=torch.float16)\n"
-              "    for x in stream:\n"
-              f"        {update}\n"
-              "    return ema\n")
-    assert hits(source) == []
+    assert hits(_tracker(update)) == []
+
+
+def _tracker(update: str) -> str:
+    """A function keeping an fp16 ``ema`` updated by ``update`` (line 5) in a loop."""
+    return ("import torch\n"
+            "def track(stream):\n"
+            "    ema = torch.zeros(4, dtype=torch.float16)\n"
+            "    for x in stream:\n"
+            f"        {update}\n"
+            "    return ema\n")
 
 
 @pytest.mark.parametrize("source, line", [
