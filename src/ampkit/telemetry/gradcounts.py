@@ -48,7 +48,9 @@ class StepGradCounts:
         self.zero_grads_every = zero_grads_every
         self._nan = torch.full((), float("nan"), dtype=torch.float32, device=device)
         self._counts: Counts | None = None
-        self._noted: list[tuple[torch.Tensor, int]] | None = None
+        self._noted: list[tuple[int, int]] | None = None
+        """(data pointer, version counter) of each noted gradient: a view of the same gradient (an FSDP2
+        shard's ``to_local()``, fetched again) shares both, an in-place change bumps the version."""
 
     def zero_step(self, step: int) -> bool:
         every = self.zero_grads_every
@@ -57,7 +59,7 @@ class StepGradCounts:
     def before_clip(self, grads: list[torch.Tensor], step: int, *, engine_clips: bool) -> None:
         """Count now, or (CPU, no zero count, no clip by the engine) only note the gradients."""
         if self.counter.reads_free and not self.zero_step(step) and not engine_clips:
-            self._noted = [(g, g._version) for g in grads]
+            self._noted = [(g.data_ptr(), g._version) for g in grads]
         else:
             self._counts = self.count(grads, step)
 
@@ -76,7 +78,7 @@ class StepGradCounts:
         if grad_norm is not None and bool(torch.isfinite(grad_norm)):
             return self._nan, torch.zeros((), dtype=torch.float32, device=self._nan.device)
         # A non-finite norm is rare: count now if no one changed a gradient since the note (same
-        # tensors, same version counters).  A hook that did (a clip by value, a clip with a NaN
+        # memory, same version counters).  A hook that did (a clip by value, a clip with a NaN
         # coefficient) leaves the count not measured (NaN: None in the record).
-        unchanged = len(noted) == len(grads) and all(g is n and g._version == v for (n, v), g in zip(noted, grads))
+        unchanged = len(noted) == len(grads) and all((g.data_ptr(), g._version) == n for n, g in zip(noted, grads))
         return self.counter.count(grads, zeros=False) if unchanged else (self._nan, self._nan)
