@@ -115,7 +115,8 @@ class Telemetry(EngineHook):
                              "(steps between flushes; the device buffer holds one row per step until the flush)")
         if not (isinstance(module_absmax_every, int) and module_absmax_every >= 0):
             raise ValueError(f"Telemetry(module_absmax_every={module_absmax_every!r}): must be an int >= 0 (0 = off)")
-        if not (isinstance(zero_grads_every, int) and not isinstance(zero_grads_every, bool) and zero_grads_every >= 0):
+        if not (isinstance(zero_grads_every, int) and not isinstance(zero_grads_every, bool)
+                and zero_grads_every >= 0):
             raise ValueError(f"Telemetry(zero_grads_every={zero_grads_every!r}): must be an int >= 0 (0 = off)")
         if not (fp8_stats_every is None or (isinstance(fp8_stats_every, int) and fp8_stats_every >= 0)):
             raise ValueError(f"Telemetry(fp8_stats_every={fp8_stats_every!r}): must be None (every 100 steps with "
@@ -266,8 +267,7 @@ class Telemetry(EngineHook):
         params = params_with_grads(optimizers) if grads else []
         local = grads_of(params)
         step = source.optimizer_steps + 1
-        counts = self._grad_counts.take(local, step, grad_norm)
-        zeros, nonfinite = counts if grads else (self._nan, self._nan)
+        zeros, nonfinite = self._grad_counts.take(local, step, grad_norm) if grads else (self._nan, self._nan)
         norm = self._nan if grad_norm is None else grad_norm
         max_norm = source.clip_grad_norm
         clip = self._one if max_norm is None else torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # torch's formula
@@ -434,7 +434,8 @@ class Telemetry(EngineHook):
 
     def __repr__(self) -> str:
         return (f"Telemetry(sinks={self.sinks!r}, flush_every={self.flush_every}, "
-                f"module_absmax_every={self.module_absmax_every}, zero_grads_every={self.zero_grads_every}, alarms={[a.name for a in self.alarms]})")
+                f"module_absmax_every={self.module_absmax_every}, zero_grads_every={self.zero_grads_every}, "
+                f"alarms={[a.name for a in self.alarms]})")
 
 
 def _close(sink: Sink) -> None:

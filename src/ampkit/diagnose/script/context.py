@@ -194,8 +194,9 @@ class Context:
 
     # -- the loss-side trace (``script.losstrace``) -------------------------------------------------
     def arm_loss_trace(self, report: Callable[[FirstBad | None], None]) -> None:
-        """Trace the next iteration from the end of a root forward to the end of its step; ``report`` gets
-        the first op that made a finite value inf/NaN, or None (nothing such, or no iteration traced)."""
+        """Trace the next iteration from the end of a root forward (it records up to the loss's backward,
+        and is closed at the end of the step); ``report`` gets the first op that made a finite value
+        inf/NaN, or None (nothing such, or no iteration traced)."""
         if self._loss_trace_report is None:
             self._loss_trace_report = report
 

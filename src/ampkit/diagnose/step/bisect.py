@@ -36,8 +36,8 @@ It is spread too when the singles run and none gains ``NO_EFFECT_DB``.
 
 Cost: without a non-finite value to chase (``Objective.need_finite`` false) a trial is judged
 by module outputs only, so it runs the forward alone, untraced: the scan costs one forward per
-candidate (at most ``EFFECT_SCAN_LIMIT``), plus the one of all of them.  The final set is verified with the whole step,
-backward included.
+candidate (at most ``EFFECT_SCAN_LIMIT``), plus the one of all of them.  The final set is
+verified with the whole step, backward included.
 """
 
 from __future__ import annotations
@@ -381,19 +381,19 @@ def bisect_keep_fp32(session: Session, objective: Objective, candidates: list[st
     b = _Bisector(session, objective, reference_run, max_trials)
     tried = [c for c in dict.fromkeys(scan or []) if c]
     together = b.trial(tried) if tried and not objective.need_finite else None
-    floor = _floor({k: (baseline or {}).get(k, math.nan) for k in together.sqnr_db}) if together else 0.0
-    spread = together is not None and together.finite and together.error is None and not together.fixed
+    # The gain of all of them together, when that ran cleanly and did not fix the step (else None).
+    gain = None
+    if together is not None and together.finite and together.error is None and not together.fixed:
+        gain = _floor(together.sqnr_db) - _floor({k: (baseline or {}).get(k, math.nan) for k in together.sqnr_db})
     kept = kept_phrase(session.exclusion)
-    if together is not None and spread and _floor(together.sqnr_db) - floor < CULPRIT_GAIN_DB:
-        gain = _floor(together.sqnr_db) - floor
+    if gain is not None and gain < CULPRIT_GAIN_DB:
         return BisectOutcome(None, b.trials, None,
                              f"spread: the {len(tried)} modules tried, {kept} all together, raised the output SQNR "
                              f"by {gain:+.2f} dB (under {CULPRIT_GAIN_DB:g} dB) and did not fix the step, so no "
                              "subset of them fixes it and none alone is a culprit", {}, None, gain, len(tried))
     effects = b.scan(tried) if tried else {}
     culprit = effect_culprit(effects, baseline or {}) if effects else None
-    if together is not None and spread and culprit is None and best_effect(effects, baseline or {})[1] < NO_EFFECT_DB:
-        gain = _floor(together.sqnr_db) - floor
+    if gain is not None and culprit is None and best_effect(effects, baseline or {})[1] < NO_EFFECT_DB:
         return BisectOutcome(None, b.trials, None,
                              f"spread: no module of the {len(effects)} tried, {kept} alone, raised the output SQNR "
                              f"by {NO_EFFECT_DB:g} dB, and all of them together ({gain:+.2f} dB) did not fix the step",
