@@ -83,6 +83,7 @@ def test_doctor_cases_manifest_covers_every_code_with_real_files() -> None:
     for c in cases:
         assert (CASES / c["script"]).is_file() and (CASES / c["fixed"]).is_file(), c["name"]
         assert set(c["expect"]) | set(c["allow"]) <= set(CODES)
+        assert all(code.startswith("AMP") for code in c.get("lint", [])), c["name"]
         if c["culprit"] is not None:
             assert c["culprit"]["code"] in c["expect"]
 
@@ -131,6 +132,23 @@ def test_doctor_cases_fixed_variant_has_no_error_and_none_of_the_codes(case: dic
     assert not {f["code"] for f in findings if f["severity"] != "info"} & set(case["expect"])
     assert rc == 0
     assert doc["environment"]["exit_status"] == 0
+
+
+def _lint_codes(script: Path, capsys: pytest.CaptureFixture[str]) -> set[str]:
+    capsys.readouterr()
+    main(["lint", "--format", "json", str(script)])
+    return {v["code"] for v in json.loads(capsys.readouterr().out)["violations"]}
+
+
+@pytest.mark.parametrize("case", [c for c in MANIFEST["cases"] if c.get("lint")], ids=lambda c: c["name"])
+def test_doctor_cases_linter_reports_lint_codes_on_script_only(
+    case: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    wanted = set(case["lint"])
+    on_script = _lint_codes(CASES / case["script"], capsys)
+    assert wanted <= on_script, f"lint missed {sorted(wanted - on_script)}; reported {sorted(on_script)}"
+    on_fixed = _lint_codes(CASES / case["fixed"], capsys)
+    assert not wanted & on_fixed, f"the fixed variant still gets {sorted(wanted & on_fixed)}"
 
 
 # -- stored expectations: the doctor's results on every case, recorded once and compared on each run --

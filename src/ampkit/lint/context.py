@@ -7,6 +7,8 @@ imports) runs only when a rule that passed its substring screen asks for it.
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -270,6 +272,26 @@ class FileContext:
         """True when the file imports torch (its tensors may be torch tensors, not numpy arrays)."""
         return any(target is not None and (target == "torch" or target.startswith("torch."))
                    for target in self.flow.imports.values())
+
+    @cached_property
+    def code_source(self) -> bytes:
+        """The source without its comments and docstrings: what the program says, not what its prose
+        says.  A docstring that mentions a GradScaler the script lacks must not count as one.
+        Costs one tokenize pass over the file, only for the rules that ask."""
+        prose = {(node.body[0].value.lineno, node.body[0].value.col_offset)
+                 for node in ast.walk(self.tree)
+                 if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.body and isinstance(node.body[0], ast.Expr)
+                 and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)}
+        kept = []
+        try:
+            for tok in tokenize.tokenize(io.BytesIO(self.source).readline):
+                if tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and tok.start in prose):
+                    continue
+                kept.append(tok.string)
+        except (tokenize.TokenError, SyntaxError):
+            return self.source  # the tree parsed, so this is rare; the whole text is the safe side
+        return " ".join(kept).encode("utf-8", "surrogatepass")
 
     @cached_property
     def mentions_low_precision(self) -> bool:

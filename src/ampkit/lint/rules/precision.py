@@ -85,14 +85,15 @@ def _lookup_key(node: ast.AST | None) -> str | None:
     return None
 
 
-_SCALING_TOKENS = (b"Scaler", b"scaler", b".scale(", b"loss_scale", b"MixedPrecision")
+_SCALING_TOKENS = (b"Scaler", b"scaler", b". scale (", b"loss_scale", b"MixedPrecision")
+"""Words of loss scaling in the code (tokens joined by spaces: ``. scale (`` is a ``.scale(`` call)."""
 
 
 @rule(code="AMP112", name="fp16-without-loss-scaling",
       summary="float16 autocast in a training loop (backward present) with no loss scaling",
       needs=(("autocast",), ("backward",)))
 def amp112(ctx: FileContext) -> Iterator[Hit]:
-    if any(token in ctx.source for token in _SCALING_TOKENS):
+    if any(token in ctx.code_source for token in _SCALING_TOKENS):
         return  # some loss scaling exists somewhere: cannot tell which path uses it
     for scope in ctx.scopes:
         regions = [(site, info) for site, info in ctx.autocast_withs(scope) if info.may_be_fp16]
