@@ -8,6 +8,7 @@ inside a function cannot hide an upward edge.
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -223,10 +224,58 @@ def _names_imported_from_modules(module: str) -> list[tuple[str, str]]:
     return found
 
 
+def _package(module: str) -> str:
+    """The package a module belongs to (a package's ``__init__`` belongs to the package itself)."""
+    return module if _files()[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _is_private_module(module: str) -> bool:
+    return any(part.startswith("_") for part in module.split("."))
+
+
+def _shares_package(importer: str, source: str) -> bool:
+    """Whether ``importer`` may use ``source``'s ``_`` names: both sit in one package (a ``_`` module
+    serves its whole package tree: ``ampkit._util`` serves ``ampkit``'s)."""
+    home = _package(source)
+    if _is_private_module(source):
+        home = home.split("._")[0]
+    return importer == home or importer.startswith(home + ".")
+
+
 @pytest.mark.parametrize("module", sorted(_files()))
 def test_architecture_modules_import_only_listed_public_names(module: str) -> None:
     for source, name in _names_imported_from_modules(module):
-        dunder = name.startswith("__") and name.endswith("__")
-        assert dunder or not name.startswith("_"), f"{module} imports the private {source}.{name}: make it public"
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        if name.startswith("_"):
+            assert _shares_package(module, source), (
+                f"{module} imports the private {source}.{name} from another package: make it public")
+            continue
         listed = _declared_all(source)
         assert listed is not None and name in listed, f"{module} imports {name}, missing from {source}.__all__"
+
+
+def test_architecture_private_names_are_shared_only_within_their_package() -> None:
+    assert _shares_package("ampkit.verify.harness", "ampkit.verify.budget")
+    assert _shares_package("ampkit.verify", "ampkit.verify.budget")
+    assert _shares_package("ampkit.diagnose.step.replay", "ampkit._util.io")
+    assert not _shares_package("ampkit.diagnose.step.replay", "ampkit.verify.budget")
+    assert not _shares_package("ampkit.telemetry.core", "ampkit.diagnose.script.models")
+    assert _shares_package("ampkit.distributed.launch", "ampkit.distributed._shard")
+    assert not _shares_package("ampkit.verify.harness", "ampkit.distributed._shard")
+
+
+DOCS = [*sorted((SRC.parent / "docs").glob("*.md")), SRC.parent / "README.md"]
+
+
+@pytest.mark.parametrize("package", sorted(m for m, p in _files().items()
+                                           if p.name == "__init__.py" and not _is_private_module(m)))
+def test_architecture_public_surface_is_documented(package: str) -> None:
+    """What a package's ``__init__`` exports is its public surface, so the docs must name it."""
+    try:
+        exported = _declared_all(package) or set()
+    except ValueError:  # a computed __all__ (the lazy top level re-exports lists of its own)
+        pytest.skip(f"{package}.__all__ is computed")
+    docs = " ".join(path.read_text(encoding="utf-8") for path in DOCS)
+    undocumented = sorted(n for n in exported if not re.search(rf"\b{re.escape(n)}\b", docs))
+    assert not undocumented, f"{package} exports {undocumented}, which no page of docs/ names"
