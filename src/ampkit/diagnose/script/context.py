@@ -35,7 +35,7 @@ from ampkit.diagnose.script.services import ScalerRegistry, Services
 from ampkit.diagnose.script.state import Sampler, WatchState
 from ampkit.diagnose.script.watchers import WATCHERS, Watcher
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
-from ampkit.diagnose.script.watchers.base import overrides
+from ampkit.diagnose.script.watchers.base import dispatch_backward, overrides
 from ampkit.diagnose.script.watchers.casts import CastWatch
 from ampkit.diagnose.script.watchers.compile import CompileWatch
 from ampkit.diagnose.script.watchers.fork import ForkWatch
@@ -179,6 +179,7 @@ class Context:
     def install(self, patches: PatchSet) -> None:
         for watch in self.watchers:
             watch.install(patches)
+        dispatch_backward(self.watchers, self.state, patches)
         self.models.set_discovery(True)
         patches.on_restore(self.models.remove)
         # torch.compile warns about global module hooks; the doctor's are no-ops inside compiled code.

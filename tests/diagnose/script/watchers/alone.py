@@ -2,7 +2,8 @@
 
 ``watching(Cls)`` builds fresh ``Services`` around a ``WatchState`` whose step signals go to a
 ``Signals`` recorder (the part a ``Context`` plays), builds ``Cls`` from the services its
-constructor names, installs it with the models service's discovery on, and restores torch on
+constructor names, installs it (with the backward events, ``dispatch_backward``) with the models
+service's discovery on, and restores torch on
 exit.  This test folder is the user code.
 """
 
@@ -22,6 +23,7 @@ from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services import Services
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers import Watcher
+from ampkit.diagnose.script.watchers.base import dispatch_backward
 
 W = TypeVar("W", bound=Watcher)
 
@@ -87,6 +89,7 @@ def watching(cls: type[W]) -> Iterator[Alone[W]]:
     forwards.append(watcher)
     patches = PatchSet()
     watcher.install(patches)
+    dispatch_backward([watcher], built.state, patches)
     built.state.models.set_discovery(True)
     try:
         yield Alone(watcher, built, signals)

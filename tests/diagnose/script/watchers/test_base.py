@@ -10,14 +10,17 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 from typing_extensions import override
 
 import ampkit.diagnose.script as script_package
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.script.context import Context
+from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services import Services
 from ampkit.diagnose.script.watchers import WATCHERS, Watcher
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
+from ampkit.diagnose.script.watchers.base import dispatch_backward
 from diagnose.script.watchers.alone import services
 
 SCRIPT = Path(script_package.__file__).parent
@@ -31,7 +34,7 @@ def test_watchers_registry_holds_every_watcher_once() -> None:
 
 
 def test_watchers_mark_every_override() -> None:
-    assert WATCHER_METHODS == ["finish", "install", "on_root_forward"]
+    assert WATCHER_METHODS == ["after_backward", "before_backward", "finish", "install", "on_root_forward"]
     missing = [f"{cls.__qualname__}.{name}" for cls in WATCHERS for name in WATCHER_METHODS
                if name in vars(cls) and not getattr(vars(cls)[name], "__override__", False)]
     assert missing == [], f"put @override (typing_extensions) on: {missing}"
@@ -95,3 +98,45 @@ def _subclasses(cls: type) -> list[type]:
         out.append(c)
         todo.extend(c.__subclasses__())
     return out
+
+
+def test_watchers_share_one_backward_wrapper_that_calls_them_in_order() -> None:
+    """Backward is an event of the contract: no watcher wraps ``torch.autograd.backward`` itself, and
+    ``dispatch_backward`` calls each listener before and after, in registry order, never while paused."""
+    for path in (SCRIPT / "watchers").glob("*.py"):
+        wraps = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Attribute) and node.func.attr == "wrap" and len(node.args) > 1
+                 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "backward"]
+        assert len(wraps) == (path.name == "base.py"), f"{path.name} wraps backward itself: override before_backward"
+    calls: list[tuple[str, int]] = []
+
+    class First(Watcher):
+        @override
+        def before_backward(self, tensors: list[torch.Tensor]) -> None:
+            calls.append(("first.before", len(tensors)))
+
+        @override
+        def after_backward(self, tensors: list[torch.Tensor]) -> None:
+            calls.append(("first.after", len(tensors)))
+
+    class Second(Watcher):
+        @override
+        def before_backward(self, tensors: list[torch.Tensor]) -> None:
+            calls.append(("second.before", len(tensors)))
+
+    built, _ = services()
+    patches = PatchSet()
+    original = torch.autograd.backward
+    dispatch_backward([First(), Watcher(), Second()], built.state, patches)
+    try:
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()
+        torch.autograd.backward([(x * 3).sum(), (x * 5).sum()])
+        built.state.models.paused = True
+        (x * 4).sum().backward()
+    finally:
+        built.state.models.paused = False
+        patches.restore()
+    assert torch.autograd.backward is original
+    assert calls == [("first.before", 1), ("second.before", 1), ("first.after", 1),
+                     ("first.before", 2), ("second.before", 2), ("first.after", 2)]

@@ -3,15 +3,11 @@ dtype (LOSS_IN_LOW_PRECISION), loss scaling (NO_LOSS_SCALING) and the loss's fin
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.threads import PerThread
-from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services.scalers import ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers.base import Watcher
@@ -24,8 +20,8 @@ __all__ = ["BackwardWatch"]
 class BackwardWatch(Watcher):
     """``torch.autograd.backward`` (which ``Tensor.backward`` calls): loss dtype, scaling, finiteness."""
 
-    # Between ``before`` and ``after`` of one backward call, per thread: another thread's backward
-    # must not swap the loss being judged.
+    # Between ``before_backward`` and ``after_backward`` of one backward call, per thread: another
+    # thread's backward must not swap the loss being judged.
     _pending_loss: PerThread[torch.Tensor | None] = PerThread(lambda: None)
     _scaled_now = PerThread(bool)
 
@@ -36,23 +32,7 @@ class BackwardWatch(Watcher):
         self.fp16_unscaled: list[int] = []
 
     @override
-    def install(self, patches: PatchSet) -> None:
-        patches.wrap(torch.autograd, "backward", self._wrap_backward)
-
-    def _wrap_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.state.paused:
-                return orig(tensors, *args, **kwargs)
-            flat = [tensors] if isinstance(tensors, torch.Tensor) else [t for t in tensors if t is not None]
-            if not flat:
-                return orig(tensors, *args, **kwargs)
-            self.before(flat)
-            out = orig(tensors, *args, **kwargs)
-            self.after(flat)
-            return out
-        return backward
-
-    def before(self, flat: list[torch.Tensor]) -> None:
+    def before_backward(self, flat: list[torch.Tensor]) -> None:
         self.calls += 1
         self.scalers.backwards_since_update += 1
         scaled = self.scalers.scaled_source(flat[0])
@@ -91,7 +71,8 @@ class BackwardWatch(Watcher):
             )
         self._pending_loss = loss
 
-    def after(self, flat: list[torch.Tensor]) -> None:
+    @override
+    def after_backward(self, flat: list[torch.Tensor]) -> None:
         loss = self._pending_loss if self._pending_loss is not None else flat[0]
         self._pending_loss = None
         if self._scaled_now:

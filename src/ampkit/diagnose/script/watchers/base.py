@@ -10,21 +10,27 @@ methods below that it needs, each marked ``@override``; the others stay no-ops.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.models import Capture
     from ampkit.diagnose.script.patches import PatchSet
+    from ampkit.diagnose.script.state import WatchState
 
-__all__ = ["Watcher", "overrides"]
+__all__ = ["Watcher", "dispatch_backward", "overrides"]
 
 
 class Watcher:
     """Base of the script doctor's watchers; every method is a no-op until a subclass overrides it.
 
     Calls, in order: ``install`` once before the script starts; ``on_root_forward`` after each
-    forward of a model of the script while it runs (in the thread that ran it); ``finish`` once
-    after it ended, when the deferred device reads are flushed.  Nothing undoes ``install``
+    forward of a model of the script while it runs (in the thread that ran it);
+    ``before_backward`` / ``after_backward`` around each backward of the script (one wrapper of
+    ``torch.autograd.backward`` calls every watcher that overrides them, ``dispatch_backward``);
+    ``finish`` once after it ended, when the deferred device reads are flushed.  Nothing undoes ``install``
     explicitly: every change goes through the ``PatchSet``, whose ``restore()`` undoes it.
     """
 
@@ -37,8 +43,44 @@ class Watcher:
         every forward, in the hot path: only watchers that override it are called, and it must not
         read device values."""
 
+    def before_backward(self, tensors: list[torch.Tensor]) -> None:
+        """A backward of the script is about to run (``torch.autograd.backward``, which ``Tensor.backward``
+        calls) on ``tensors`` (the non-None roots, at least one).  Not called while the doctor itself runs
+        a model (a replay, a checkup)."""
+
+    def after_backward(self, tensors: list[torch.Tensor]) -> None:
+        """That backward returned (not called when it raised)."""
+
     def finish(self) -> None:
         """The script ended: add the findings judged over the whole run to ``state.ledger``."""
+
+
+def dispatch_backward(watchers: list[Watcher], state: WatchState, patches: PatchSet) -> None:
+    """Wrap ``torch.autograd.backward`` once, calling the watchers that override ``before_backward`` or
+    ``after_backward`` around each backward of the script, in ``watchers`` order.
+
+    One wrapper for all of them: each watcher wrapping it itself would nest one Python frame per
+    watcher in every backward and leave their relative order to the install order."""
+    listeners = [w for w in watchers if overrides(w, "before_backward") or overrides(w, "after_backward")]
+    if not listeners:
+        return
+
+    def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if state.paused:
+                return orig(tensors, *args, **kwargs)
+            flat = [tensors] if isinstance(tensors, torch.Tensor) else [t for t in tensors if t is not None]
+            if not flat:
+                return orig(tensors, *args, **kwargs)
+            for watcher in listeners:
+                watcher.before_backward(flat)
+            out = orig(tensors, *args, **kwargs)
+            for watcher in listeners:
+                watcher.after_backward(flat)
+            return out
+        return backward
+
+    patches.wrap(torch.autograd, "backward", wrap)
 
 
 def overrides(watcher: Watcher, method: str) -> bool:

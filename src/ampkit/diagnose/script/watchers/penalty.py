@@ -85,7 +85,6 @@ class GradPenaltyWatch(Watcher):
     @override
     def install(self, patches: PatchSet) -> None:
         patches.wrap(torch.autograd, "grad", self._wrap_grad)
-        patches.wrap(torch.autograd, "backward", self._wrap_backward)
 
     def _wrap_grad(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -111,17 +110,14 @@ class GradPenaltyWatch(Watcher):
             overflow = torch.stack([torch.isfinite(g.detach()).all().logical_not() for g in tensors]).any()
             self.state.pending.read(overflow, lambda v: self.scalers.penalty_overflow.add(step) if v > 0 else None)
 
-    def _wrap_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._noted and not self.state.paused:
-                self._judge(tensors)
-            return orig(tensors, *args, **kwargs)
-        return backward
+    @override
+    def before_backward(self, tensors: list[torch.Tensor]) -> None:
+        if self._noted:
+            self._judge(tensors[0])
 
-    def _judge(self, tensors: Any) -> None:
+    def _judge(self, loss: torch.Tensor) -> None:
         noted, self._noted = self._noted, []
-        loss = tensors if isinstance(tensors, torch.Tensor) else next(iter(tensors), None)
-        if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        if loss.grad_fn is None:
             return
         for n in noted:
             scale = float(n.scale)  # a host read, once per backward that follows such gradients
