@@ -1,0 +1,75 @@
+"""Fixed twin of linear_attention_state_overflow.py.
+
+The linear-attention state (phi(k)^T v summed over the window), its normaliser and the readout are
+computed in fp32 inside `torch.autocast(..., enabled=False)`: the state's entries of ~3e6 fit fp32,
+and the readout divides them back down to the scale of v before the fp16 output projection.
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+torch.manual_seed(0)
+B, T, C, D, HEADS, CLASSES = 8, 64, 8, 32, 2, 4
+
+
+class LinearAttention(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(dim=2)
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+        with torch.autocast("cpu", enabled=False):                 # the state sums over the window: fp32
+            q, k, v = q.float(), k.float(), v.float()
+            kv = torch.einsum("bthd,bthm->bhdm", k, v)
+            z = 1.0 / (torch.einsum("bthd,bhd->bth", q, k.sum(dim=1)) + 1e-6)
+            y = torch.einsum("bthd,bhdm,bth->bthm", q, kv, z)
+        return self.out(y.reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.attn = LinearAttention(d, HEADS)
+        self.ffn = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.ffn(x)
+
+
+class SensorEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(C, D)
+        self.blocks = nn.ModuleList([Block(D)])
+        self.norm = nn.LayerNorm(D)
+        self.head = nn.Linear(D, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h.mean(dim=1)))
+
+
+offsets = 400.0 + 50.0 * torch.randn(1, 1, C)         # each sensor's operating point, raw units
+windows = offsets + 20.0 * torch.randn(8 * B, T, C)
+labels = torch.randint(0, CLASSES, (8 * B,))
+
+model = SensorEncoder()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cpu")
+for step in range(8):
+    x, y = windows[step * B:(step + 1) * B], labels[step * B:(step + 1) * B]
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(model(x).float(), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+print(f"loss {loss.item():.4f} scale {scaler.get_scale():.0f}")

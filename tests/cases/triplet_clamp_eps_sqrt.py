@@ -1,0 +1,36 @@
+"""A batch-hard triplet loss for re-identification, computed inside the fp16 autocast region:
+pairwise distances ``dist.clamp(min=1e-12).sqrt()`` "for numerical stability". 1e-12 is 0 in fp16, so
+each anchor's distance to itself stays exactly 0 and sqrt runs at 0. The forward is finite (mining
+never picks the diagonal), but sqrt's backward divides the diagonal's zero gradient by 2 * sqrt(0):
+0 / 0 = NaN at any loss scale, made between the model's output and the loss.
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+torch.manual_seed(0)
+embedder = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
+optimizer = torch.optim.SGD(embedder.parameters(), lr=1e-2)
+scaler = torch.amp.GradScaler("cpu")
+crops = torch.randn(96, 16)
+identities = torch.arange(48).repeat_interleave(2)  # two crops of each person
+
+
+def batch_hard_triplet(emb, ids, margin=0.3):
+    diff = emb[:, None, :] - emb[None, :, :]
+    dist = (diff * diff).sum(dim=-1).clamp(min=1e-12).sqrt()
+    same = ids[:, None] == ids[None, :]
+    hardest_pos = dist.masked_fill(~same, 0.0).max(dim=1).values
+    hardest_neg = dist.masked_fill(same, float("inf")).min(dim=1).values
+    return F.margin_ranking_loss(hardest_neg, hardest_pos, torch.ones_like(hardest_pos), margin=margin)
+
+
+for step in range(6):
+    x, ids = crops[step * 16:(step + 1) * 16], identities[step * 16:(step + 1) * 16]
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = batch_hard_triplet(embedder(x), ids)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+print(f"loss {loss.item():.4f} scale {scaler.get_scale():g}")
