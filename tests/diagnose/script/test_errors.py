@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampkit._util.frames import UserFrames
-from ampkit.diagnose.script.errors import explain_exception
+from ampkit.diagnose.script.errors import _dtype_pair, explain_exception
 
 
 def _raise(fn: object) -> BaseException:
@@ -37,6 +37,13 @@ def _raise(fn: object) -> BaseException:
          "DTYPE_MISMATCH"),
         (lambda: nn.LSTM(4, 4)(torch.ones(1, 1, 4, dtype=torch.float16)), "DTYPE_MISMATCH"),
         (lambda: torch.multinomial(torch.tensor([float("nan"), 1.0]), 1), "FORWARD_NAN"),
+        # wordings no pattern lists: two floating dtypes named in a type error are a mismatch
+        (lambda: F.huber_loss(torch.ones(3, requires_grad=True), torch.ones(3, dtype=torch.float16)).backward(),
+         "DTYPE_MISMATCH"),
+        (lambda: torch.zeros(3).index_add_(0, torch.tensor([0]), torch.ones(1, dtype=torch.float16)),
+         "DTYPE_MISMATCH"),
+        (lambda: F.embedding_bag(torch.tensor([[0]]), torch.ones(3, 2), mode="sum",
+                                 per_sample_weights=torch.ones(1, 1, dtype=torch.float16)), "DTYPE_MISMATCH"),
     ],
 )
 def test_doctor_observers_explain_real_torch_errors(make: object, code: str) -> None:
@@ -64,3 +71,10 @@ def test_doctor_observers_explain_fp16_gradients_and_scaler_order() -> None:
     finding = explain_exception(_raise(lambda: scaler2.unscale_(opt2)), code, {})
     assert finding is not None and finding.code == "UNSCALE_ORDER_ERROR"
     assert explain_exception(KeyError("x"), code, {}) is None
+
+
+def test_doctor_observers_a_type_error_naming_no_low_precision_dtype_is_not_a_mismatch() -> None:
+    index = _raise(lambda: torch.zeros(3).index_select(0, torch.tensor([0.0])))  # an index dtype
+    assert explain_exception(index, UserFrames([Path(__file__).parent]), {}) is None
+    wide = _raise(lambda: torch.zeros(2, dtype=torch.float64) @ torch.zeros(2, dtype=torch.float32))
+    assert "Double" in str(wide) and _dtype_pair(str(wide)) is None  # fp64 against fp32: not mixed precision

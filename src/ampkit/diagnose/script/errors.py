@@ -121,17 +121,54 @@ def _dtype_mismatch(text: str) -> tuple[str, str, str] | None:
     for pat in _DTYPE_PATTERNS:
         m = pat.search(text)
         if m:
-            a, b = dtype_name(m.group(1).strip()), dtype_name(m.group(2).strip())
-            return (
-                "DTYPE_MISMATCH",
-                f"an op received a {a} and a {b} tensor: mixed precision handed it low-precision values outside "
-                "autocast's casting (an op after the `with torch.autocast` block, a module converted with .half(), "
-                "or an op autocast does not cover)",
-                "run the op inside the same `torch.autocast` region as the code producing its inputs, or cast "
-                "explicitly (`x.float()` / `x.to(weight.dtype)`); keep the model's parameters fp32 and let autocast "
-                "choose the dtypes instead of calling .half() on part of it",
-            )
+            return _mismatch(dtype_name(m.group(1).strip()), dtype_name(m.group(2).strip()))
     return None
+
+
+_DTYPE_WORD = re.compile(r"(?<![\w:])(?:c10::|at::|torch\.)?"
+                         r"(Half|BFloat16|Float|Double|float16|bfloat16|float32|float64|half|float|double)"
+                         r"(?:Tensor)?(?!\w)")  # legacy type names too: torch.HalfTensor
+_FLOAT_NAMES = frozenset({"fp16", "bf16", "fp32", "fp64"})
+
+
+def _dtype_pair(text: str) -> tuple[str, str, str] | None:
+    """Any other error whose first line speaks of types and names two different floating dtypes, one
+    of them fp16 or bf16: a dtype conflict, whatever the op's wording.  Kernels word it their own way
+    (``Found dtype Half but expected Float`` from a loss's backward); the known wordings above come first.
+
+    >>> _dtype_pair("Found dtype Half but expected Float")[0]
+    'DTYPE_MISMATCH'
+    >>> _dtype_pair("expected scalar type Long but found Float") is None  # an index dtype, not precision
+    True
+    """
+    first = text.splitlines()[0] if text else ""
+    if "type" not in first.lower():
+        return None
+    names: list[str] = []
+    for m in _DTYPE_WORD.finditer(first):
+        name = dtype_name(m.group(1))
+        if name in _FLOAT_NAMES and name not in names:
+            names.append(name)
+    if len(names) != 2 or not {"fp16", "bf16"} & set(names):
+        return None
+    return _mismatch(names[0], names[1])
+
+
+def _article(name: str) -> str:
+    """``an fp16``, ``a bf16``: the article as the short name is spoken."""
+    return "an" if name.startswith(("fp", "int", "uint")) else "a"
+
+
+def _mismatch(a: str, b: str) -> tuple[str, str, str]:
+    return (
+        "DTYPE_MISMATCH",
+        f"an op received {_article(a)} {a} and {_article(b)} {b} tensor: mixed precision handed it low-precision values outside "
+        "autocast's casting (an op after the `with torch.autocast` block, a module converted with .half(), "
+        "or an op autocast does not cover)",
+        "run the op inside the same `torch.autocast` region as the code producing its inputs, or cast "
+        "explicitly (`x.float()` / `x.to(weight.dtype)`); keep the model's parameters fp32 and let autocast "
+        "choose the dtypes instead of calling .half() on part of it",
+    )
 
 
 def _norm_param_dtype(text: str) -> tuple[str, str, str] | None:
@@ -183,5 +220,5 @@ def _nonfinite_probs(text: str) -> tuple[str, str, str] | None:
 
 # Each rule returns (code, message, fix) or (code, message, fix, evidence).
 _RULES: list[Callable[[str], tuple[Any, ...] | None]] = [
-    _cast_overflow, _dtype_mismatch, _norm_param_dtype, _fp16_grads, _scaler_order, _nonfinite_probs,
+    _cast_overflow, _dtype_mismatch, _norm_param_dtype, _fp16_grads, _scaler_order, _nonfinite_probs, _dtype_pair,
 ]
