@@ -6,7 +6,8 @@ against the case's expectations:
 
 * required codes: the share of (case, code) pairs in ``expect`` that the doctor reported;
 * culprits: the share of cases with a ``culprit`` whose finding of that code names that module;
-* fixed twins: how many fixed variants earned an error-severity finding or one of ``expect``;
+* fixed twins: how many fixed variants earned an error-severity finding or one of ``expect``, and
+  how many failed under the doctor (a non-zero exit status: each exits 0 when run plainly);
 * lint: the share of (case, code) pairs in ``lint`` the linter reported on the script, and how
   many fixed variants it still flags with one of them;
 * crashes: doctor runs that wrote no report.
@@ -49,6 +50,8 @@ class CaseScore:
     culprit_ok: bool | None = None
     unexpected_errors: list[str] = field(default_factory=list)
     fixed_errors: list[str] = field(default_factory=list)
+    fixed_exit: int | None = None
+    """The fixed variant's exit status under the doctor (it exits 0 when run plainly)."""
     lint_required: list[str] = field(default_factory=list)
     lint_missed: list[str] = field(default_factory=list)
     lint_on_fixed: list[str] = field(default_factory=list)
@@ -96,6 +99,7 @@ def score_case(case: dict[str, Any], cases_dir: Path, workdir: Path) -> CaseScor
     else:
         score.fixed_errors = sorted({f["code"] for f in fixed["findings"]
                                      if f["severity"] == "error" or (f["severity"] != "info" and f["code"] in expect)})
+        score.fixed_exit = fixed["environment"]["exit_status"]
     score.lint_required = list(case.get("lint", []))
     if score.lint_required:
         score.lint_missed = sorted(set(score.lint_required) - _lint_codes(cases_dir / case["script"]))
@@ -116,6 +120,7 @@ def summarize(scores: list[CaseScore]) -> dict[str, Any]:
         "cases_with_every_required_code": sum(not s.missed for s in scores),
         "culprits": f"{sum(bool(s.culprit_ok) for s in culprits)}/{len(culprits)}",
         "fixed_twins_with_errors": sum(bool(s.fixed_errors) for s in scores),
+        "fixed_twins_failing_under_the_doctor": sum(s.fixed_exit not in (0, None) for s in scores),
         "scripts_with_unexpected_errors": sum(bool(s.unexpected_errors) for s in scores),
         "lint_codes": f"{lint_found}/{lint_required}",
         "lint_on_fixed_twins": sum(bool(s.lint_on_fixed) for s in scores),
@@ -147,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"culprit {s.culprit} named {s.culprit_named}" if s.culprit_ok is False else "",
                     f"unexpected errors {s.unexpected_errors}" if s.unexpected_errors else "",
                     f"fixed twin errors {s.fixed_errors}" if s.fixed_errors else "",
+                    f"fixed twin exits {s.fixed_exit} under the doctor" if s.fixed_exit not in (0, None) else "",
                     f"lint missed {s.lint_missed}" if s.lint_missed else "",
                     f"lint on fixed {s.lint_on_fixed}" if s.lint_on_fixed else "",
                     f"CRASH {s.crashed}" if s.crashed else ""]

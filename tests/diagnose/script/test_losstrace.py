@@ -11,9 +11,10 @@ import textwrap
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from ampkit._util.frames import UserFrames
-from ampkit.diagnose.script.losstrace import LossSideTrace
+from ampkit.diagnose.script.losstrace import LossSideTrace, explain_nan
 
 # A contrastive loss: the similarity matrix overflows fp16 (|sim| > 65504), then subtracting the row
 # maximum turns inf - inf into NaN, and the loss is NaN; the encoder's outputs stay finite.
@@ -92,3 +93,25 @@ def test_losstrace_stops_at_the_backward() -> None:
         assert w.grad is not None and torch.isinf(w.grad).all()  # read through Tensor.grad.__get__
         _ = w.grad * 2
     assert trace.stopped and trace.first is None
+
+
+def test_losstrace_names_the_cause_of_a_nan_from_the_aten_op_inside_the_call() -> None:
+    # F.normalize of an all-zero row in fp16: its eps (1e-12) is 0 in fp16, so the division inside is 0/0.
+    x = torch.zeros(2, 4, dtype=torch.float16)
+    x[1] = 1.0
+    trace = LossSideTrace(UserFrames([Path(__file__).parent]), lambda: False)
+    with trace:
+        _ = F.normalize(x, dim=-1)
+    assert trace.first is not None and trace.first.nan and trace.first.op == "torch::nn.functional.normalize"
+    assert trace.first.cause == "zero_over_zero" and trace.first.nan_in_fp32 is False
+
+
+def test_explain_nan_tells_precision_from_a_bug_and_leaves_the_rng_and_arguments_alone() -> None:
+    negative = torch.tensor([-1.0, 4.0], dtype=torch.float16)
+    assert explain_nan(torch.sqrt, (negative,), {}) == ("negative_domain", True)  # fp32 makes it too
+    before = torch.get_rng_state()
+    assert explain_nan(F.dropout, (torch.tensor([float("inf"), 0.0]) * 0,), {"p": 0.5})[0] != "zero_over_zero"
+    assert torch.equal(torch.get_rng_state(), before)
+    target = torch.zeros(2)
+    assert explain_nan(torch.Tensor.div_, (target, torch.zeros(2)), {}) == ("other", None)  # writes: not re-run
+    assert torch.equal(target, torch.zeros(2))

@@ -13,6 +13,8 @@ nothing is traced before a loss went non-finite, nor after the traced iteration.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,12 +22,14 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
-from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.step.nanorigin import cause_of, nan_text
 
-__all__ = ["FirstBad", "LossSideTrace"]
+__all__ = ["FirstBad", "LossSideTrace", "explain_nan", "loss_code_text"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,11 @@ class FirstBad:
     """NaN in the output (else only ±inf: an overflow)."""
     out_dtype: str
     in_absmax: float
+    cause: str | None = None
+    """For a NaN: its cause (``nanorigin``'s names: ``zero_over_zero``, ``negative_domain`` ...), from the
+    aten op inside the call that made it."""
+    nan_in_fp32: bool | None = None
+    """For a NaN: whether the same call on fp32 copies of its inputs makes it too (then it is not precision)."""
 
 
 def _floats(obj: Any) -> list[torch.Tensor]:
@@ -76,7 +85,80 @@ class LossSideTrace(TorchFunctionMode):
             return
         bad = [o for o in outs if not bool(torch.isfinite(o).all())]
         if bad:
-            self.first = FirstBad(op=_op_name(func),
-                                  location=self.frames.caller(), nan=any(bool(torch.isnan(o).any()) for o in bad),
+            nan = any(bool(torch.isnan(o).any()) for o in bad)
+            cause, fp32_nan = explain_nan(func, *inputs) if nan else (None, None)
+            self.first = FirstBad(op=_op_name(func), location=self.frames.caller(), nan=nan,
                                   out_dtype=dtype_name(bad[0].dtype),
-                                  in_absmax=max(float(t.detach().abs().max()) for t in ins))
+                                  in_absmax=max(float(t.detach().abs().max()) for t in ins),
+                                  cause=cause, nan_in_fp32=fp32_nan)
+
+
+class _FirstNaN(TorchDispatchMode):
+    """The first aten op of a call that makes NaN from NaN-free inputs, and whether they held +inf / -inf."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: tuple[str, bool, bool] | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.found is None:
+            ins, outs = _floats((args, kwargs or {})), _floats(out)
+            if any(bool(torch.isnan(o).any()) for o in outs) and not any(bool(torch.isnan(t).any()) for t in ins):
+                self.found = (func._schema.name, any(bool((t == math.inf).any()) for t in ins),
+                              any(bool((t == -math.inf).any()) for t in ins))
+        return out
+
+
+def explain_nan(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[str, bool | None]:
+    """(cause, nan_in_fp32) of the NaN that ``func(*args, **kwargs)`` made from finite inputs.
+
+    The call runs twice more, without gradients and with the RNG put back: once op by op at the aten
+    level, where the op inside it that made the NaN names the cause (``F.normalize`` of a zero row is a
+    ``div`` of 0 by 0), and once on fp32 copies of its inputs with autocast off, which tells whether
+    fp32 makes the same NaN.  A call that writes to its arguments is not run again (cause ``other``).
+    Costs two calls, once per traced failure."""
+    name = getattr(func, "__name__", "")
+    if (name.endswith("_") and not name.endswith("__")) or name.startswith("__i") or name == "__setitem__" \
+            or kwargs.get("out") is not None:
+        return "other", None
+    devices = sorted({t.device.type for t in _floats((args, kwargs))} & {"cpu", "cuda"})
+    with torch.random.fork_rng(devices=[] if "cuda" not in devices else None), torch.no_grad():
+        probe = _FirstNaN()
+        with probe:
+            func(*args, **kwargs)
+        cause = cause_of(probe.found[0], pos_inf=probe.found[1], neg_inf=probe.found[2]) if probe.found else "other"
+        wide_args, wide_kwargs = tree_map(_widened, (args, kwargs))
+        with contextlib.ExitStack() as off:
+            for device in devices:
+                off.enter_context(torch.autocast(device, enabled=False))
+            out = func(*wide_args, **wide_kwargs)
+    return cause, any(bool(torch.isnan(o).any()) for o in _floats(out))
+
+
+def _widened(x: Any) -> Any:
+    return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def loss_code_text(first: FirstBad, label: str, became: str, step: int) -> dict[str, Any]:
+    """The message, fix and evidence of the finding for ``first``: the op between the outputs of the model
+    ``label`` and the loss that made the step's first non-finite value (the loss became ``became``)."""
+    evidence: dict[str, Any] = {"traced_step": step + 1, "input_absmax": first.in_absmax,
+                                "output_dtype": first.out_dtype}
+    made, why, fix = "±inf", "", ("compute this op in fp32: `.float()` on its inputs, or run it under "
+                                  "`torch.autocast(..., enabled=False)`; or bring its inputs into range first "
+                                  "(normalise the features, divide by sqrt(d))")
+    if first.nan:
+        made = "NaN"
+        what, fix = nan_text(first.cause or "other", first.out_dtype)
+        why = f" ({what})"
+        evidence["cause"] = first.cause or "other"
+        if first.nan_in_fp32 is not None:
+            evidence["nan_in_fp32"] = first.nan_in_fp32
+        if first.nan_in_fp32:
+            why += "; the same call on fp32 inputs makes the NaN too: this is not a precision problem"
+    message = (f"{first.op}, between the outputs of {label} and the loss (no module), turned finite inputs "
+               f"(largest |x| = {first.in_absmax:.4g}) into {made} in {first.out_dtype}{why}: the first non-finite "
+               f"value of the step, which made the loss {became} at step {step} (the op was found by tracing the "
+               "next step)")
+    return {"message": message, "fix": fix, "evidence": evidence}

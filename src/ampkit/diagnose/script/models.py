@@ -67,6 +67,9 @@ class Capture:
     rng_device: torch.Tensor | None = None
     outputs: list[torch.Tensor] = field(default_factory=list)
     """The floating outputs that require grad, detached (holding them keeps no graph alive)."""
+    untracked_outputs: list[torch.Tensor] = field(default_factory=list)
+    """The floating outputs that do not require grad (a frozen teacher under ``torch.no_grad``): checked
+    for finiteness with the others, since a non-finite one can make the loss non-finite first."""
     grad_fns: list[Any] = field(default_factory=list)
     """Their autograd nodes, kept only until their backward (or the model's next forward)."""
     grads: list[torch.Tensor | None] = field(default_factory=list)
@@ -100,7 +103,7 @@ class Capture:
 
     def outputs_finite(self) -> bool:
         """Whether every captured output is finite (a host read: failure path only)."""
-        return all(bool(torch.isfinite(o.detach()).all()) for o in self.outputs)
+        return all(bool(torch.isfinite(o.detach()).all()) for o in (*self.outputs, *self.untracked_outputs))
 
     def grads_finite(self) -> bool | None:
         """Whether the gradients that reached the outputs are finite (pre-cast ones where kept); None
@@ -335,7 +338,9 @@ class ModelWatch:
         leaves, _ = tree_flatten(out)
         budget = self.grad_capture_numel
         for x in leaves:
-            if isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point():
+            if isinstance(x, torch.Tensor) and not x.requires_grad and x.is_floating_point():
+                cap.untracked_outputs.append(x.detach())  # a reference, not a copy: no cost in the hot path
+            elif isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point():
                 i = len(cap.outputs)
                 cap.outputs.append(x.detach())
                 cap.grad_fns.append(x.grad_fn)

@@ -45,7 +45,7 @@ from ampkit.diagnose.script.compiled import compare_last_step
 from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
-from ampkit.diagnose.script.losstrace import FirstBad
+from ampkit.diagnose.script.losstrace import FirstBad, loss_code_text
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
 from ampkit.diagnose.script.models import Capture
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
@@ -148,7 +148,7 @@ class _Runner:
         """The captured forward whose replay can show the failure, or None when it lies outside every model.
 
         * non-finite data: the forward that received it;
-        * non-finite loss: the forward whose output is non-finite; when all outputs are finite the
+        * non-finite loss: the first forward whose output is non-finite; when all outputs are finite the
           loss code between the models and the loss produced it (a process-level finding);
         * gradient overflow: a forward whose output and incoming gradient are finite (the overflow
           is inside it); else a forward whose output holds inf/NaN that the finite loss ignored
@@ -159,7 +159,9 @@ class _Runner:
             return next((c for c in reversed(caps) if any(not bool(torch.isfinite(x).all())
                                                           for x in c.float_inputs())), caps[-1])
         if failure.cause == "nonfinite_loss":
-            bad = next((c for c in reversed(caps) if not c.outputs_finite()), None)
+            # The first bad value decides: the earliest forward of the window whose output is non-finite
+            # (a frozen teacher's, before the student that reads it).
+            bad = next((c for c in caps if not c.outputs_finite()), None)
             if bad is None:
                 self._loss_code_nonfinite(caps[-1], failure)
             return bad
@@ -194,19 +196,9 @@ class _Runner:
                         "log/div/exp against zero and huge inputs",
                     location=cap.location, step=failure.step)
                 return
-            made = "NaN" if first.nan else "±inf"
             self.ctx.ledger.add(
                 "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", key=("loss-code", label), op=first.op,
-                message=(f"{first.op}, between the outputs of {label} and the loss (no module), turned finite "
-                         f"inputs (largest |x| = {first.in_absmax:.4g}) into {made} in {first.out_dtype}: the first "
-                         f"non-finite value of the step, which made the loss {became} at step {failure.step} "
-                         "(the op was found by tracing the next step)"),
-                fix=("compute this op in fp32: `.float()` on its inputs, or run it under `torch.autocast(..., "
-                     "enabled=False)`" + ("; or bring its inputs into range first (normalise the features, "
-                                          "divide by sqrt(d))" if not first.nan else "")),
-                location=first.location, step=failure.step,
-                evidence={"traced_step": failure.step + 1, "input_absmax": first.in_absmax,
-                          "output_dtype": first.out_dtype})
+                step=failure.step, location=first.location, **loss_code_text(first, label, became, failure.step))
 
         self.ctx.arm_loss_trace(report)
 

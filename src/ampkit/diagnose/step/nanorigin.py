@@ -34,7 +34,7 @@ from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_location, display_module
 from ampkit.diagnose.step.trace import OpRecord, TraceLog
 
-__all__ = ["InfSource", "inf_source", "nan_cause", "nan_text"]
+__all__ = ["InfSource", "cause_of", "inf_source", "nan_cause", "nan_text"]
 
 _SOFTMAX = frozenset({"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp", "_safe_softmax",
                       "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu"})
@@ -100,10 +100,19 @@ def inf_source(log: TraceLog, rec: OpRecord) -> InfSource | None:
 
 def nan_cause(log: TraceLog, rec: OpRecord) -> str:
     """The cause of a NaN born at ``rec`` (see the module docstring)."""
-    short = rec.op.split("::", 1)[-1]
     states = [log.state(s) for s in rec.in_slots if log.slots[s].kind != "uninit"]
-    pos = any(s[1] for s in states)
-    neg = any(s[2] for s in states)
+    return cause_of(rec.op, pos_inf=any(s[1] for s in states), neg_inf=any(s[2] for s in states))
+
+
+def cause_of(op: str, *, pos_inf: bool, neg_inf: bool) -> str:
+    """The cause of a NaN that the aten op ``op`` (``aten::div`` or ``div``) made from NaN-free inputs
+    holding +inf / -inf or not.
+
+    >>> cause_of("aten::div", pos_inf=False, neg_inf=False), cause_of("aten::sub", pos_inf=True, neg_inf=True)
+    ('zero_over_zero', 'inf_minus_inf')
+    """
+    short = op.split("::", 1)[-1]
+    pos, neg = pos_inf, neg_inf
     if pos or neg:
         if short in _SOFTMAX:
             return "softmax_of_inf" if pos else "masked_row"

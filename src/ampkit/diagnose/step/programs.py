@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -38,6 +38,9 @@ class ForwardOut:
     """The scalar loss (``LossProgram``), else None."""
     roots: list[torch.Tensor]
     """Tensors backward starts from."""
+    results: list[torch.Tensor] = field(default_factory=list)
+    """A forward run without gradients (a frozen teacher under ``torch.no_grad``): its floating
+    outputs, the only thing its finiteness can be judged by (no loss, no backward)."""
 
 
 class StepProgram(Protocol):
@@ -100,8 +103,9 @@ class OutputGradProgram:
                else torch.autocast(device_type=self.device_type, dtype=self.dtype))
         with ctx:
             out = model(*self.args, **self.kwargs)
-        roots = [t for t in float_tensors(out) if t.requires_grad]
-        return ForwardOut(loss=None, roots=roots)
+        outputs = float_tensors(out)
+        roots = [t for t in outputs if t.requires_grad]
+        return ForwardOut(loss=None, roots=roots, results=[] if roots else [t.detach() for t in outputs])
 
     def backward(self, out: ForwardOut, mode: str) -> None:
         pairs = [(r, g) for r, g in zip(out.roots, self.grads) if g is not None and g.shape == r.shape]

@@ -245,6 +245,9 @@ class Session:
         if fwd is not None and fwd.loss is not None:
             checks.append(torch.isfinite(fwd.loss.detach()).all().reshape(1).to(torch.float32))
             checks.append(fwd.loss.detach().float().reshape(1))
+        elif fwd is not None and fwd.results:
+            # A forward without gradients ends in its outputs: their finiteness is the step's "loss".
+            checks.append(torch.stack([torch.isfinite(t).all() for t in fwd.results]).all().reshape(1).to(torch.float32))
         if grads:
             # One fused norm per gradient: finite norm <=> finite gradient (for |g| < ~1e19).
             norms = torch._foreach_norm([g.detach() for g in grads.values()])
@@ -256,6 +259,9 @@ class Session:
             result.loss_finite = bool(values[0])
             result.loss = float(values[1])
             values = values[2:]
+        elif fwd is not None and fwd.results:
+            result.loss_finite = bool(values[0])
+            values = values[1:]
         suspects = [n for n, ok in zip(grads, values) if not ok]
         # A norm can overflow on huge finite values: confirm element-wise (rare path).
         result.nonfinite_grads = [n for n in suspects if not bool(torch.isfinite(grads[n]).all())]
