@@ -28,7 +28,8 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
-from ampkit.diagnose.script.losstrace import FirstBad, LossSideTrace
+from ampkit.diagnose.script.lossgrad import LossGrads
+from ampkit.diagnose.script.losstrace import LossSideTrace
 from ampkit.diagnose.script.models import Capture, ModelWatch
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services import ScalerRegistry, Services
@@ -115,7 +116,8 @@ class Context:
         self.norm_bad: dict[str, tuple[int, int, bool]] = {}
         """module name -> (first step seen, non-finite count, seen right after a skipped step)."""
         self._loss_trace: LossSideTrace | None = None
-        self._loss_trace_report: Callable[[FirstBad | None], None] | None = None
+        self._loss_trace_report: Callable[[LossSideTrace | None], None] | None = None
+        self._loss_trace_scale: float | None = None
 
     # The watchers and the shared state, under the names the rules and the runner read.
     autocast = _WatcherOf(AutocastWatch)
@@ -194,16 +196,21 @@ class Context:
             watch.finish()
 
     # -- the loss-side trace (``script.losstrace``) -------------------------------------------------
-    def arm_loss_trace(self, report: Callable[[FirstBad | None], None]) -> None:
+    def arm_loss_trace(self, report: Callable[[LossSideTrace | None], None], *,
+                       grads_at_scale: float | None = None) -> None:
         """Trace the next iteration from the end of a root forward (it records up to the loss's backward,
-        and is closed at the end of the step); ``report`` gets the first op that made a finite value
-        inf/NaN, or None (nothing such, or no iteration traced)."""
+        and is closed at the end of the step); ``report`` gets the trace (its ``first`` op that made a
+        finite value inf/NaN), or None when no iteration was traced.  ``grads_at_scale``: also follow the
+        loss-side ops' backward (``script.lossgrad``), run at that loss scale."""
         if self._loss_trace_report is None:
             self._loss_trace_report = report
+            self._loss_trace_scale = grads_at_scale
 
     def _open_loss_trace(self) -> None:
         if self._loss_trace_report is not None and self._loss_trace is None and not self.state.paused:
-            self._loss_trace = LossSideTrace(self.code, lambda: self.state.paused)
+            scale = self._loss_trace_scale
+            self._loss_trace = LossSideTrace(self.code, lambda: self.state.paused,
+                                             grads=None if scale is None else LossGrads(scale))
             self._loss_trace.__enter__()
 
     def _close_loss_trace(self, *, final: bool) -> None:
@@ -212,7 +219,7 @@ class Context:
             trace.__exit__(None, None, None)
             self._loss_trace = self._loss_trace_report = None
             assert report is not None
-            report(trace.first)
+            report(trace)
         elif final and report is not None:
             self._loss_trace_report = None
             report(None)

@@ -69,11 +69,12 @@ class Ledger:
         )
         return True
 
-    def has(self, code: str, *, acting: bool = False) -> bool:
-        """Whether ``code`` was recorded; with ``acting``, only as an error or a warning (not a borderline
-        or other info row)."""
+    def has(self, code: str, *, acting: bool = False, key: Any = None) -> bool:
+        """Whether ``code`` was recorded (under ``key``, when given); with ``acting``, only as an error or a
+        warning (not a borderline or other info row)."""
         with self._lock:
-            return any(c == code and not (acting and e.severity == "info") for (c, _), e in self._entries.items())
+            return any(c == code and (key is None or k == key) and not (acting and e.severity == "info")
+                       for (c, k), e in self._entries.items())
 
     def findings(self) -> list[Finding]:
         out = []

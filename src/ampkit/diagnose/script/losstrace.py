@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.lossgrad import LossGrads
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
 
 __all__ = ["FirstBad", "LossSideTrace", "explain_nan", "loss_code_text"]
@@ -61,25 +62,33 @@ def _op_name(func: Any) -> str:
 class LossSideTrace(TorchFunctionMode):
     """Checks every op called in its thread while entered; ``first`` is the first finite -> non-finite op."""
 
-    def __init__(self, frames: UserFrames, paused: Callable[[], bool]) -> None:
+    def __init__(self, frames: UserFrames, paused: Callable[[], bool], grads: LossGrads | None = None) -> None:
         super().__init__()
         self.frames = frames
         self.paused = paused
         self.thread = threading.get_ident()
         self.first: FirstBad | None = None
+        self.grads = grads
+        """Also follow the loss-side ops' backward (``script.lossgrad``), when given."""
         self.stopped = False
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        mine = threading.get_ident() == self.thread
         if func is torch.Tensor.backward or func is torch.autograd.backward:
+            if self.grads is not None and mine and not self.stopped:
+                self.grads.arm(args[0] if args else (kwargs or {}).get("tensors"))
             self.stopped = True  # the loss is made: what follows (gradients, the step) is not loss code
         out = func(*args, **(kwargs or {}))
-        if self.first is None and not self.stopped and threading.get_ident() == self.thread and not self.paused():
-            self._check(func, (args, kwargs or {}), out)
+        if not self.stopped and mine and not self.paused():
+            # An attribute read (``t.grad``, ``t.T``) cannot make the first bad value, but a view it returns
+            # is part of the loss code that the backward judgement re-runs.
+            if self.first is None and getattr(func, "__name__", "") != "__get__":
+                self._check(func, (args, kwargs or {}), out)
+            if self.grads is not None:
+                self.grads.note(func, args, kwargs or {}, out, _op_name(func), self.frames.caller())
         return out
 
     def _check(self, func: Any, inputs: Any, out: Any) -> None:
-        if getattr(func, "__name__", "") == "__get__":
-            return  # an attribute read (``t.grad``) returns a stored tensor, it computes nothing
         ins, outs = _floats(inputs), _floats(out)
         if not ins or not outs or not all(bool(torch.isfinite(t).all()) for t in ins):
             return

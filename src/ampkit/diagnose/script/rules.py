@@ -95,9 +95,12 @@ def _scale_collapse(ctx: Context) -> None:
 def _boundary_overflow(ctx: Context) -> None:
     """Skipped steps whose gradient was already non-finite where it entered a model's output."""
     hits = ctx.boundary_overflows
-    if not hits:
-        return
-    collapsed = ctx.ledger.has("SCALE_COLLAPSE", acting=True)
+    if not hits or ctx.ledger.has("BACKWARD_OVERFLOW", key="loss-code-backward"):
+        return  # the loss-side backward trace named the op (``script.lossgrad``)
+    # Recovered: some step after the first hit was applied.  Without that (every later step skipped, a
+    # run too short for SCALE_COLLAPSE's window) the overflow cannot be called ordinary.
+    recovered = any(step not in ctx.skips for step in range(hits[0] + 1, ctx.steps + 1))
+    collapsed = ctx.ledger.has("SCALE_COLLAPSE", acting=True) or not recovered
     label = ctx.locations.get("boundary_model")
     ctx.ledger.add(
         "BACKWARD_OVERFLOW", key="boundary", severity="error" if collapsed else "info",

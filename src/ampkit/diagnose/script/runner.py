@@ -45,7 +45,8 @@ from ampkit.diagnose.script.compiled import compare_last_step
 from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
-from ampkit.diagnose.script.losstrace import FirstBad, loss_code_text
+from ampkit.diagnose.script.lossgrad import loss_grad_text
+from ampkit.diagnose.script.losstrace import LossSideTrace, loss_code_text
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
 from ampkit.diagnose.script.models import Capture
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
@@ -185,7 +186,8 @@ class _Runner:
         nan = loss is not None and bool(torch.isnan(loss).any())
         became = "NaN" if nan else "inf"
 
-        def report(first: FirstBad | None) -> None:
+        def report(trace: LossSideTrace | None) -> None:
+            first = trace.first if trace is not None else None
             if first is None:
                 self.ctx.ledger.add(
                     "FORWARD_NAN" if nan else "FORWARD_OVERFLOW", key=("loss-code", label),
@@ -203,10 +205,23 @@ class _Runner:
         self.ctx.arm_loss_trace(report)
 
     def _boundary_overflow(self, cap: Capture, failure: Failure) -> None:
+        """The gradient was non-finite where it reached the model's outputs: the backward of the code
+        between the model and the loss overflowed.  The next iteration's loss-side ops are followed
+        into their backward (``script.lossgrad``) to name the op."""
         label = self.ctx.models.label(cap.root)
         self.ctx.boundary_overflows.append(failure.step)
         self.ctx.note_location("boundary_overflow", cap.location)
         self.ctx.note_location("boundary_model", label)
+        if len(self.ctx.boundary_overflows) > 1:
+            return
+
+        def report(trace: LossSideTrace | None) -> None:
+            bad = trace.grads.judge() if trace is not None and trace.grads is not None else None
+            if bad is not None:
+                self.ctx.ledger.add("BACKWARD_OVERFLOW", key="loss-code-backward", op=bad.op, step=failure.step,
+                                    location=bad.location, **loss_grad_text(bad, label, failure.step))
+
+        self.ctx.arm_loss_trace(report, grads_at_scale=float(cap.scale) if cap.scale is not None else 1.0)
 
     # -- the run -------------------------------------------------------------------------------
     @contextmanager

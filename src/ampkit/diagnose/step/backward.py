@@ -27,7 +27,7 @@ from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.diagnose.step.trace import TraceLog
 from ampkit.findings import Finding
 
-__all__ = ["Singularity", "backward_finding", "singularity"]
+__all__ = ["Singularity", "backward_finding", "node_singularity", "remedy", "singularity"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,25 @@ _REMEDY = {
     "asin": "compute the argument in fp32 and clamp it to [-1 + 1e-6, 1 - 1e-6] before asin",
     "atan2": "compute it in fp32 and keep (y, x) away from (0, 0) (add eps to x)",
 }
+
+
+def node_singularity(node: str, exponent: float | None = None) -> tuple[str, str] | None:
+    """(function, point) when the autograd node ``node`` differentiates a function with an infinite
+    derivative somewhere (``SqrtBackward0``: sqrt at 0); None for any other node.  A pow node is
+    singular only for an exponent below 1 (``exponent``, when known).
+
+    >>> node_singularity("SqrtBackward0"), node_singularity("PowBackward0", 2.0), node_singularity("MulBackward0")
+    (('sqrt', '0'), None, None)
+    """
+    known = _NODES.get(node)
+    if known is None or (known[0] == "pow" and exponent is not None and exponent >= 1):
+        return None
+    return known[0], known[1]
+
+
+def remedy(function: str) -> str:
+    """How to compute ``function`` (a ``node_singularity`` function) away from its singular point."""
+    return _REMEDY[function]
 
 
 def singularity(log: TraceLog, p: Producer) -> Singularity | None:
