@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import typing
+from pathlib import Path
 
 import pytest
+import torch
 
 import ampkit
 from ampkit.diagnose.live import ReplayDoctor
@@ -51,3 +54,21 @@ def test_mixed_precision_signature_lists_every_engine_argument_and_the_shorthand
     for name, param in engine.items():  # spelled out in the source: the same kinds, defaults and types
         assert (shown[name].kind, shown[name].default, shown_types.get(name)) == \
             (param.kind, param.default, engine_types.get(name)), name
+
+
+def test_mixed_precision_with_telemetry_and_doctor_leaves_the_model_deep_copyable(tmp_path: Path) -> None:
+    # An EMA or best-model copy taken after training started: the watchers' hooks must not drag their
+    # open files and locks into the copy, and must not watch the copy.
+    mp = ampkit.MixedPrecision("bf16", telemetry=str(tmp_path / "t.jsonl"), doctor=True)
+    model = mp.prepare(torch.nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        with mp.autocast():
+            loss = model(torch.randn(2, 4)).float().sum()
+        mp.backward(loss)
+        mp.step(opt)
+    twin = copy.deepcopy(model)
+    with mp.autocast():
+        twin(torch.randn(2, 4))
+    assert mp.doctor is not None and mp.doctor._calls == []  # the copy's forward was not captured
+    mp.close()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from ampkit._util.modhooks import own_hook
 from ampkit.diagnose.live import ReplayDoctor
 from ampkit.findings import Finding
 from ampkit.hooks import HookEvent, StepResult
@@ -63,8 +64,8 @@ class LoopDoctor:
         models = [model, *(r for r in roots if r is not model)]
         self._engine = _LoopEngine(models, Precision.parse(precision, device), grad_accumulation)
         self.doctor.on_attach(self._as_engine)
-        self._handles = [model.register_forward_hook(self._on_output)]
-        self._handles += [m.register_forward_hook(self._on_root_output) for m in models[1:]]
+        self._handles = [model.register_forward_hook(own_hook(model, self._on_output))]
+        self._handles += [m.register_forward_hook(own_hook(m, self._on_root_output)) for m in models[1:]]
         self._explicit_loss = False
         self._forwards = 0
         self._warned = False

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from ampkit._util.modhooks import own_hook
 from ampkit.engine import Engine
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
@@ -196,7 +197,7 @@ class Telemetry(EngineHook):
             return
         for model in source.models:
             if id(model) not in self._watched:
-                self._watched[id(model)] = model.register_forward_pre_hook(self._check_inputs, with_kwargs=True)
+                self._watched[id(model)] = model.register_forward_pre_hook(own_hook(model, self._check_inputs), with_kwargs=True)
 
     def _check_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._closed or not torch.is_grad_enabled():

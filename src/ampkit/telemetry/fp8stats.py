@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampkit._util.modhooks import own_hook
 from ampkit.fp8 import is_float8_linear
 
 __all__ = ["DEFAULT_EVERY", "OPERANDS", "CastSpec", "Fp8Stats", "cast_specs", "fp8_fields", "fp8_scale",
@@ -187,8 +188,8 @@ class Fp8Stats:
                 i = self._layers[id(module)] = len(self.names)
                 self.names.append(prefix + (name or "(root)"))
                 self._specs.append(tuple(cast_specs(module.config, op) for op in OPERANDS))
-                self._handles.append(module.register_forward_pre_hook(partial(self._on_input, i)))
-                self._handles.append(module.register_forward_hook(partial(self._on_output, i)))
+                self._handles.append(module.register_forward_pre_hook(own_hook(module, partial(self._on_input, i))))
+                self._handles.append(module.register_forward_hook(own_hook(module, partial(self._on_output, i))))
                 new += 1
         if new:
             self._acc = torch.cat([self._acc, self._blank(new)])

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ampkit._util.grads import global_grad_norm
+from ampkit._util.modhooks import own_hook
 from ampkit.hooks import HookEvent
 from ampkit.telemetry.alarms import AlarmEvent, Monitor, TrainingStopped
 from ampkit.telemetry.gradscaler import GradScalerView
@@ -177,8 +178,8 @@ class LoopObserver:
             handles.append(trainable[0].register_post_accumulate_grad_hook(self._on_grad))
         for model in self.models:
             # Before the telemetry's input watch: the previous step closes before this forward counts.
-            handles.append(model.register_forward_pre_hook(self._on_forward, prepend=True))
-            handles.append(model.register_forward_hook(self._on_output))
+            handles.append(model.register_forward_pre_hook(own_hook(model, self._on_forward), prepend=True))
+            handles.append(model.register_forward_hook(own_hook(model, self._on_output)))
         return handles
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:

@@ -61,6 +61,7 @@ from typing_extensions import override
 
 from ampkit._util.autograd import sole_cast_consumers
 from ampkit._util.host import HostCopy
+from ampkit._util.modhooks import own_hook
 from ampkit.diagnose.core.display import sort_findings
 from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.live.findings import scale_collapse_finding, seed_finding
@@ -213,9 +214,9 @@ class ReplayDoctor(EngineHook):
         if id(model) in self._hooked:
             return
         self._hooked[id(model)] = [
-            model.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
+            model.register_forward_pre_hook(own_hook(model, self._pre_hook), with_kwargs=True),
             # always_call: a forward that raises still leaves the nesting depth balanced
-            model.register_forward_hook(self._post_hook, with_kwargs=True, always_call=True),
+            model.register_forward_hook(own_hook(model, self._post_hook), with_kwargs=True, always_call=True),
         ]
 
     @override

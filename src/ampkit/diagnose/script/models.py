@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ampkit._util.autograd import sole_cast_consumers
+from ampkit._util.modhooks import own_hook
 from ampkit._util.threads import PerThread
 from ampkit.precision import LOW_PRECISION_DTYPES
 
@@ -266,8 +267,8 @@ class ModelWatch:
     def _add_root(self, module: nn.Module) -> None:
         device, dtype = _device_and_dtype(module)
         handles = [
-            module.register_forward_pre_hook(self._root_pre),
-            module.register_forward_hook(self._root_post, with_kwargs=True, always_call=True),
+            module.register_forward_pre_hook(own_hook(module, self._root_pre)),
+            module.register_forward_hook(own_hook(module, self._root_post), with_kwargs=True, always_call=True),
         ]
         self.roots[id(module)] = _Root(module, device, dtype, handles, self._label(module), _running_stats(module))
 
