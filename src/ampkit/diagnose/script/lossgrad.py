@@ -31,6 +31,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.step.backward import node_singularity, remedy
 
 __all__ = ["FirstBadGrad", "LossGrads", "loss_grad_text"]
@@ -83,8 +84,8 @@ class LossGrads:
         """A loss-side op ran: keep it and its node (its inputs too, to re-run it if its backward goes bad)."""
         call = _LossOp(func, args, kwargs, op, location)
         self.calls.append((call, out))
-        made = {t.grad_fn for t in _floats(out) if t.grad_fn is not None}
-        given = {t.grad_fn for t in _floats((args, kwargs)) if t.grad_fn is not None}
+        made = {t.grad_fn for t in float_tensors(out) if t.grad_fn is not None}
+        given = {t.grad_fn for t in float_tensors((args, kwargs)) if t.grad_fn is not None}
         for node in made - given - self.ops.keys():  # an op returning its input unchanged made no node
             self.ops[node] = call
 
@@ -145,7 +146,7 @@ class LossGrads:
                     leaves.append(copies[id(x)])
             return copies[id(x)]
 
-        devices = sorted({t.device.type for call, _ in self.calls for t in _floats((call.args, call.kwargs))}
+        devices = sorted({t.device.type for call, _ in self.calls for t in float_tensors((call.args, call.kwargs))}
                          & {"cpu", "cuda"})
         try:
             with contextlib.ExitStack() as stack:
@@ -167,10 +168,6 @@ class LossGrads:
         return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
 
 
-def _floats(obj: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
 def _exponent(op: _LossOp) -> float | None:
     """The scalar exponent of a ``pow`` call (``x ** 0.5``), else None."""
     if "pow" not in op.op:
@@ -186,11 +183,11 @@ def _backward_finite(op: _LossOp, incoming: tuple[torch.Tensor, ...], factor: fl
         return x.detach().clone().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
     args, kwargs = tree_map(leaf, (op.args, op.kwargs))
-    leaves = [t for t in _floats((args, kwargs)) if t.requires_grad]
+    leaves = [t for t in float_tensors((args, kwargs)) if t.requires_grad]
     devices = sorted({t.device.type for t in leaves} & {"cpu", "cuda"})
     try:
         with torch.random.fork_rng(devices=[] if "cuda" not in devices else None), torch.enable_grad():
-            outs = [t for t in _floats(op.func(*args, **kwargs)) if t.requires_grad]
+            outs = [t for t in float_tensors(op.func(*args, **kwargs)) if t.requires_grad]
             if len(outs) != len(incoming) or any(o.shape != g.shape for o, g in zip(outs, incoming)):
                 return None
             grads = torch.autograd.grad(outs, leaves, [(g * factor).to(o.dtype) for g, o in zip(incoming, outs)],

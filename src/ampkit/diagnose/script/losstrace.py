@@ -23,10 +23,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.script.lossgrad import LossGrads
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
 
@@ -51,7 +52,7 @@ class FirstBad:
 
 
 def _floats(obj: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+    return [t for t in float_tensors(obj) if t.numel()]
 
 
 def _op_name(func: Any) -> str:
