@@ -28,9 +28,10 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.script.capture import Capture
 from ampkit.diagnose.script.lossgrad import LossGrads
 from ampkit.diagnose.script.losstrace import LossSideTrace
-from ampkit.diagnose.script.models import Capture, ModelWatch
+from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services import ScalerRegistry, Services
 from ampkit.diagnose.script.state import Sampler, WatchState

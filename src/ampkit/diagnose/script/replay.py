@@ -21,7 +21,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ampkit._util.dtypes import dtype_name
-from ampkit.diagnose.script.models import Capture
+from ampkit.diagnose.script.capture import Capture
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.step.api import diagnose_program
 from ampkit.diagnose.step.programs import OutputGradProgram, usable_seed

@@ -35,6 +35,7 @@ import torch
 
 from ampkit._util.frames import UserFrames
 from ampkit._util.heartbeat import Heartbeat
+from ampkit.diagnose.script.capture import Capture
 from ampkit.diagnose.script.checkup import (
     checkup_failed,
     checkup_ran,
@@ -48,7 +49,6 @@ from ampkit.diagnose.script.errors import explain_exception
 from ampkit.diagnose.script.lossgrad import loss_grad_text
 from ampkit.diagnose.script.losstrace import LossSideTrace, loss_code_text
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
-from ampkit.diagnose.script.models import Capture
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.replay import replay_capture, replay_precision

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.script.models import Capture
+    from ampkit.diagnose.script.capture import Capture
     from ampkit.diagnose.script.patches import PatchSet
     from ampkit.diagnose.script.state import WatchState
 
