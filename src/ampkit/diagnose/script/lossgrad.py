@@ -60,7 +60,7 @@ class FirstBadGrad:
     finite_at_scale_1: bool | None
     """Whether the op's backward is finite with the incoming gradient divided by the loss scale."""
     fp32_finite: bool | None
-    """Whether the op's backward on fp32 copies of its inputs is finite."""
+    """Whether the step's loss code, re-run in fp32 from what it received, has finite gradients there."""
 
     @property
     def persists(self) -> bool:
@@ -69,7 +69,8 @@ class FirstBadGrad:
 
 
 class LossGrads:
-    """The nodes of the loss-side ops of one iteration; ``first`` after the backward (``judge``)."""
+    """The loss-side calls of one iteration and their autograd nodes; after the backward, ``judge`` says
+    which of them first made a gradient non-finite."""
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
