@@ -46,4 +46,5 @@ def test_a_frozen_teachers_overflow_is_found_in_the_teacher(tmp_path: Path) -> N
     findings = [f for f in json.loads(out.read_text())["findings"] if f["code"].startswith("FORWARD_")]
     overflow = [f for f in findings if f["code"] == "FORWARD_OVERFLOW"]
     assert overflow and overflow[0]["module"] == "teacher.2" and overflow[0]["severity"] == "error", findings
+    assert "keep_fp32=['2']" in overflow[0]["fix"] and "relative to teacher" in overflow[0]["fix"]
     assert not any("between the model and the loss" in f["message"] for f in findings)

@@ -49,6 +49,7 @@ from ampkit.diagnose.script.errors import explain_exception
 from ampkit.diagnose.script.lossgrad import loss_grad_text
 from ampkit.diagnose.script.losstrace import LossSideTrace, loss_code_text
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
+from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.replay import replay_capture, replay_precision
@@ -296,8 +297,8 @@ class _Runner:
             comparison, diverged = compare_last_step(self.ctx,
                                                      self.compare_compiled and ended not in SIGNAL_EXIT_STATUS)
         models = self.ctx.models
-        replayed = [dataclasses.replace(f, module=models.qualify(root, f.module))
-                    for d, root in zip(self.diagnoses, self._replayed_roots) for f in d.findings]
+        replayed = [_in_model(f, root, models) for d, root in zip(self.diagnoses, self._replayed_roots)
+                    for f in d.findings]
         process = self.ctx.ledger.findings() + self.explained + diverged
         findings = self.ctx.casts.annotate(_with_verified_fix(merge_replayed_findings(process, replayed),
                                                               self.diagnoses), models)
@@ -355,6 +356,18 @@ class _Runner:
                 self._replay(last, "exception", self.ctx.step)
         else:
             _print_user_traceback(exc, self.code)
+
+
+def _in_model(f: Finding, root: Any, models: ModelWatch) -> Finding:
+    """A replayed model's finding as the script's report names it: with several models, its module is
+    prefixed by the model's label, and a keep-fp32 fix (whose names are relative to that model) says so."""
+    name = models.qualify(root, f.module)
+    if name == f.module:
+        return f
+    fix = f.fix
+    if "keep_fp32" in fix:
+        fix += f" (The names in keep_fp32 are relative to {models.label(root)}, the model where this happens.)"
+    return dataclasses.replace(f, module=name, fix=fix)
 
 
 def _with_verified_fix(findings: list[Finding], diagnoses: list[DiagnosisResult]) -> list[Finding]:
