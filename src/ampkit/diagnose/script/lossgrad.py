@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.step.backward import node_singularity, remedy
 
-__all__ = ["FirstBadGrad", "LossGrads", "loss_grad_text"]
+__all__ = ["FirstBadGrad", "LossGrads", "loss_grad_text", "rerun_aside"]
 
 
 @dataclass
@@ -115,19 +116,19 @@ class LossGrads:
     def judge(self) -> FirstBadGrad | None:
         """The first loss-side op whose backward went non-finite, re-run to judge it; None if none did."""
         self.close()
-        if self._found is None:
+        try:
+            if self._found is None:
+                return None
+            op, node, incoming = self._found
+            singular = node_singularity(node, _exponent(op))
+            return FirstBadGrad(
+                op=op.op, location=op.location, node=node, grad_dtype=dtype_name(incoming[0].dtype),
+                singular=singular,
+                finite_at_scale_1=None if singular else _backward_finite(op, incoming, 1.0 / self.scale),
+                fp32_finite=self.fp32_chain_finite())
+        finally:  # what kept the iteration's tensors alive goes, judged or not
             self.ops.clear()
             self.calls.clear()
-            return None
-        op, node, incoming = self._found
-        singular = node_singularity(node, _exponent(op))
-        judged = FirstBadGrad(
-            op=op.op, location=op.location, node=node, grad_dtype=dtype_name(incoming[0].dtype), singular=singular,
-            finite_at_scale_1=None if singular else _backward_finite(op, incoming, 1.0 / self.scale),
-            fp32_finite=self.fp32_chain_finite())
-        self.ops.clear()
-        self.calls.clear()
-        return judged
 
     def fp32_chain_finite(self) -> bool | None:
         """Whether the loss-side code, re-run from fp32 copies of what it received (model outputs, targets)
@@ -147,14 +148,9 @@ class LossGrads:
                     leaves.append(copies[id(x)])
             return copies[id(x)]
 
-        devices = sorted({t.device.type for call, _ in self.calls for t in float_tensors((call.args, call.kwargs))}
-                         & {"cpu", "cuda"})
+        received = [t for call, _ in self.calls for t in float_tensors((call.args, call.kwargs))]
         try:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(torch.random.fork_rng(devices=[] if "cuda" not in devices else None))
-                stack.enter_context(torch.enable_grad())
-                for device in devices:
-                    stack.enter_context(torch.autocast(device, enabled=False))
+            with rerun_aside(received, grad=True, fp32=True):
                 for call, out in self.calls:
                     again = call.func(*tree_map(fp32, call.args), **tree_map(fp32, call.kwargs))
                     for old, new in zip(tree_flatten(out)[0], tree_flatten(again)[0]):
@@ -167,6 +163,21 @@ class LossGrads:
         except (RuntimeError, TypeError, ValueError):
             return None
         return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+
+
+@contextlib.contextmanager
+def rerun_aside(tensors: Iterable[torch.Tensor], *, grad: bool, fp32: bool = False) -> Iterator[None]:
+    """Around a re-run of the user's code on the side: the RNG is put back afterwards (a dropout in it
+    takes nothing from the run's random stream), autograd is on or off as ``grad`` says, and with
+    ``fp32`` autocast is off on the devices of ``tensors``."""
+    devices = sorted({t.device.type for t in tensors} & {"cpu", "cuda"})
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=[] if "cuda" not in devices else None))
+        stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
+        if fp32:
+            for device in devices:
+                stack.enter_context(torch.autocast(device, enabled=False))
+        yield
 
 
 def _exponent(op: _LossOp) -> float | None:
@@ -185,9 +196,8 @@ def _backward_finite(op: _LossOp, incoming: tuple[torch.Tensor, ...], factor: fl
 
     args, kwargs = tree_map(leaf, (op.args, op.kwargs))
     leaves = [t for t in float_tensors((args, kwargs)) if t.requires_grad]
-    devices = sorted({t.device.type for t in leaves} & {"cpu", "cuda"})
     try:
-        with torch.random.fork_rng(devices=[] if "cuda" not in devices else None), torch.enable_grad():
+        with rerun_aside(leaves, grad=True):
             outs = [t for t in float_tensors(op.func(*args, **kwargs)) if t.requires_grad]
             if len(outs) != len(incoming) or any(o.shape != g.shape for o, g in zip(outs, incoming)):
                 return None

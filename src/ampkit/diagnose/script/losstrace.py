@@ -13,7 +13,6 @@ nothing is traced before a loss went non-finite, nor after the traced iteration.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from torch.utils._pytree import tree_map
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.modules import float_tensors
-from ampkit.diagnose.script.lossgrad import LossGrads
+from ampkit.diagnose.script.lossgrad import LossGrads, rerun_aside
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
 
 __all__ = ["FirstBad", "LossSideTrace", "explain_nan", "loss_code_text"]
@@ -132,17 +131,14 @@ def explain_nan(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[str, bool
     if (name.endswith("_") and not name.endswith("__")) or name.startswith("__i") or name == "__setitem__" \
             or kwargs.get("out") is not None:
         return "other", None
-    devices = sorted({t.device.type for t in _floats((args, kwargs))} & {"cpu", "cuda"})
-    with torch.random.fork_rng(devices=[] if "cuda" not in devices else None), torch.no_grad():
-        probe = _FirstNaN()
-        with probe:
-            func(*args, **kwargs)
-        cause = cause_of(probe.found[0], pos_inf=probe.found[1], neg_inf=probe.found[2]) if probe.found else "other"
-        wide_args, wide_kwargs = tree_map(_widened, (args, kwargs))
-        with contextlib.ExitStack() as off:
-            for device in devices:
-                off.enter_context(torch.autocast(device, enabled=False))
-            out = func(*wide_args, **wide_kwargs)
+    given = _floats((args, kwargs))
+    probe = _FirstNaN()
+    with rerun_aside(given, grad=False), probe:
+        func(*args, **kwargs)
+    cause = cause_of(probe.found[0], pos_inf=probe.found[1], neg_inf=probe.found[2]) if probe.found else "other"
+    wide_args, wide_kwargs = tree_map(_widened, (args, kwargs))
+    with rerun_aside(given, grad=False, fp32=True):
+        out = func(*wide_args, **wide_kwargs)
     return cause, any(bool(torch.isnan(o).any()) for o in _floats(out))
 
 
