@@ -112,10 +112,9 @@ def cause_of(op: str, *, pos_inf: bool, neg_inf: bool) -> str:
     ('zero_over_zero', 'inf_minus_inf')
     """
     short = op.split("::", 1)[-1]
-    pos, neg = pos_inf, neg_inf
-    if pos or neg:
+    if pos_inf or neg_inf:
         if short in _SOFTMAX:
-            return "softmax_of_inf" if pos else "masked_row"
+            return "softmax_of_inf" if pos_inf else "masked_row"
         if short in _ADDITIVE:
             return "inf_minus_inf"
         return "zero_times_inf" if short in _PRODUCT else "other"
