@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 from ampkit.cli.main import main
 from ampkit.verify.report import load_schema
 from ampkit.verify.worker import RECORD_KEYS
+from tests.helpers.processes import descendants, survivors, with_command_line
 from tests.verify.verify_helpers import SYNTHETIC, Job, LibraryJob, cli_command, task_ref, verify
 
 
@@ -135,6 +137,76 @@ def test_verify_interrupt_leaves_no_report_and_exits_130(tmp_path: Path) -> None
     assert "interrupted" in err
     assert not out.exists() or not any(out.iterdir())
     assert not any(scratch.iterdir())  # the workers' scratch directory is gone too
+
+
+def _verify_in_training(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path, list[int]]:
+    """`ampkit verify` of the Slow task with its scratch under tmp_path/tmp, once its fp32 worker trains:
+    (the process, its --out, the scratch folder, the worker pids)."""
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    proc = subprocess.Popen(
+        cli_command("verify", task_ref("Slow"), "--out", str(out), "--no-measure-env"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(scratch.glob("ampkit-verify-*/fp32.stderr")):
+        time.sleep(0.2)
+    time.sleep(2.0)  # the fp32 worker is now training
+    workers = [p for p in descendants(proc.pid) if p in with_command_line("ampkit.verify.worker")]
+    return proc, out, scratch, workers
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_verify_sigterm_or_sighup_removes_the_scratch_directory_and_dies_by_the_signal(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # A scheduler's SIGTERM (gpu_check stopping a section) or a closed terminal's SIGHUP, sent to
+    # verify alone: its own cleanup must stop the worker and remove the scratch directory.
+    proc, out, scratch, workers = _verify_in_training(tmp_path)
+    try:
+        assert workers, "no worker process was found under verify"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -sig, err
+    assert not any(scratch.iterdir())
+    assert not out.exists() or not any(out.iterdir())
+    # Gone already: verify stops and reaps its worker before it dies.  Left alone, a worker only
+    # died at its next progress line (the broken pipe), which a long step puts off for minutes.
+    assert survivors(workers, timeout=0.0) == []
+
+
+def test_verify_sigkill_takes_its_worker_down_with_it(tmp_path: Path) -> None:
+    # No cleanup runs on SIGKILL.  A worker in a long step writes nothing, so it would not meet the
+    # closed pipe for minutes: it must die with verify all the same.
+    task = tmp_path / "stuck.py"
+    task.write_text(
+        f"import sys, time\nsys.path.insert(0, {str(SYNTHETIC.parent)!r})\nfrom synthetic_tasks import Regression\n\n"
+        "class Stuck(Regression):\n"
+        "    def loss(self, model, batch):\n"
+        "        time.sleep(120)\n"
+        "        return super().loss(model, batch)\n")
+    proc = subprocess.Popen(cli_command("verify", f"{task}:Stuck", "--out", str(tmp_path / "out"), "--no-measure-env"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, TMPDIR=str(tmp_path)))
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while time.monotonic() < deadline and not workers:
+            time.sleep(0.2)
+            workers = [p for p in descendants(proc.pid) if p in with_command_line("ampkit.verify.worker")]
+        assert workers, "no worker process was found under verify"
+        time.sleep(4.0)  # past its start-up and first progress line: now inside its first, 120 s, step
+        proc.kill()
+        proc.wait(timeout=60)
+        assert survivors(workers, timeout=5.0) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_verify_out_under_a_regular_file_exits_2_before_training(tmp_path: Path) -> None:

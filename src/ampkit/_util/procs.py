@@ -25,8 +25,9 @@ No orphans, however the launcher dies (SIGKILL included, which no handler sees):
   same parent-death signal, plus a watchdog thread that SIGKILLs the process when its parent
   changes or the launcher is gone -- the fallback where ``prctl`` does not exist and for a
   parent that died before the signal was armed.
-* ``sigterm_unwinds()`` turns SIGTERM of the launcher into an exception while a launch runs, so
-  its cleanup stops the children in order; then the launcher still dies by SIGTERM.
+* ``sigterm_unwinds()`` turns SIGTERM of the launcher (and, when asked, SIGHUP: a closed
+  terminal) into an exception while a launch runs, so its cleanup stops the children in order
+  and removes its scratch files; then the launcher still dies by that signal.
 """
 
 from __future__ import annotations
@@ -176,31 +177,42 @@ def die_with_parent(launcher_pid: int | None = None, *, interval: float = 0.5, d
 
 
 class _Terminated(BaseException):
-    """SIGTERM arrived inside ``sigterm_unwinds``."""
+    """A signal named in ``sigterm_unwinds`` arrived inside its block."""
 
 
 @contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
+def sigterm_unwinds(*, signals: Iterable[signal.Signals] = (signal.SIGTERM,)) -> Iterator[None]:
     """While the block runs, SIGTERM raises inside it, so its cleanup runs; then the process dies by SIGTERM.
 
-    Only in the main thread (where Python runs signal handlers) and only while SIGTERM has its
-    default action: a program's own handler is left alone.  A second SIGTERM during the cleanup
-    is ignored; SIGKILL still ends everything at once.
+    ``signals``: the signals treated so (SIGTERM alone by default; add SIGHUP where a closed
+    terminal must clean up too); the process dies by whichever came first.  Only in the main
+    thread (where Python runs signal handlers) and only for a signal that has its default
+    action: a program's own handler, or SIGHUP ignored under ``nohup``, is left alone.  Any of
+    them arriving during the cleanup is ignored; SIGKILL still ends everything at once.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    # Each signal on its own: one a program handles or ignores keeps that; the others still unwind.
+    taken = [sig for sig in dict.fromkeys(signals) if signal.getsignal(sig) == signal.SIG_DFL]
+    came: list[int] = []
 
     def unwind(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in taken:  # a second signal must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
+        came.append(signum)
         raise _Terminated
 
-    signal.signal(signal.SIGTERM, unwind)
+    for sig in taken:
+        signal.signal(sig, unwind)
     try:
         yield
     except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)  # the default action: the process ends here
-        raise SystemExit(128 + signal.SIGTERM) from None  # only if SIGTERM is blocked
+        signal.signal(came[0], signal.SIG_DFL)
+        # raise_signal, not os.kill: delivered to this thread, so the default action (the process
+        # ends here) comes before anything after the block could run in the meantime.
+        signal.raise_signal(came[0])
+        raise SystemExit(128 + came[0]) from None  # only if the signal is blocked
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in taken:
+            signal.signal(sig, signal.SIG_DFL)

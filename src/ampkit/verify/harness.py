@@ -20,11 +20,15 @@ the task has a ladder) and the step count are chosen so that the runs fit
 
 Ctrl-C stops the running worker (terminate, then kill after 10 s) and propagates; the report
 is only written after every run finished, so an interrupted job leaves no partial report.
+SIGTERM and SIGHUP, where they have their default action, do the same cleanup (the worker is
+stopped, the scratch directory removed), and then the process still dies by that signal
+(``ampkit._util.procs.sigterm_unwinds``).
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ampkit._util.procs import sigterm_unwinds
 from ampkit._util.version import __version__
 from ampkit.precision import Precision, PrecisionError, resolve_device
 from ampkit.tasks import Task, load_task, split_task_ref
@@ -44,6 +49,9 @@ from ampkit.verify.shape import VerifyError, resized, run_shape
 __all__ = ["SCHEMA", "Plan", "VerifyConfig", "VerifyError", "default_precisions", "plan", "run_verify"]
 
 SCHEMA = "ampkit.verify/1"
+
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""The signals that stop a job from outside, where it must still clean up (SIGHUP is POSIX only)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,7 +233,9 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
     p = resolved if resolved is not None else plan(config)
     environment = collect_environment(full=True, measure=config.measure_env)
     budget: dict[str, Any] | None = None
-    with tempfile.TemporaryDirectory(prefix="ampkit-verify-") as tmp:
+    # SIGTERM (a scheduler, gpu_check stopping a section) or SIGHUP (a closed terminal) would end
+    # the process without unwinding: the worker left running, the scratch directory left in /tmp.
+    with sigterm_unwinds(signals=_STOP_SIGNALS), tempfile.TemporaryDirectory(prefix="ampkit-verify-") as tmp:
         if config.time_budget is not None:
             from ampkit.verify.probe import budgeted
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampkit._util.procs import die_with_caller
 from ampkit._util.version import PACKAGE_DIR
 from ampkit.verify.noise import noise_data_seed
 from ampkit.verify.worker import PROGRESS_PREFIX
@@ -96,7 +97,7 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
         proc = subprocess.Popen(
             [sys.executable, "-m", "ampkit.verify.worker", str(spec_path)],
             stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
-            env=_worker_env(p.device),
+            env=_worker_env(p.device), preexec_fn=die_with_caller(),  # SIGKILL of verify: no orphan worker
         )
         try:
             assert proc.stdout is not None
