@@ -4,7 +4,8 @@
 and sets on its own (``threading.local`` underneath, one per instance), starting from
 ``default()``.  Observers of a training loop need it where the loop's own state is per thread:
 autocast is thread-local in torch, and two threads that each train a model have their own step,
-forward in progress and loss.  Cost: two C attribute lookups per read, one Python call per write.
+forward in progress and loss.  Cost: two C attribute lookups per read, one Python call per write;
+``thread_values(obj)`` hands out the namespace itself, for hot paths whose writes must run no frame.
 
 >>> import threading
 >>> class Counter:
@@ -15,6 +16,9 @@ forward in progress and loss.  Cost: two C attribute lookups per read, one Pytho
 >>> t = threading.Thread(target=lambda: seen.append(c.n)); t.start(); t.join()
 >>> c.n, seen
 (1, [0])
+>>> thread_values(c).n = 5
+>>> c.n
+5
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, Generic, TypeVar, overload
 
-__all__ = ["PerThread"]
+__all__ = ["PerThread", "thread_values"]
 
 T = TypeVar("T")
 
@@ -56,6 +60,12 @@ class _Slot:
                 defaults.update(slot.defaults)
         # dict.setdefault is atomic under the GIL: two threads that race here get the same local.
         return obj.__dict__.setdefault(_SLOT, _Local(defaults))
+
+
+thread_values: Callable[[object], Any] = attrgetter(_SLOT)
+"""``obj``'s namespace of per-thread values (this thread's): ``thread_values(obj).name = v`` is a C
+``setattr``, where assigning the ``PerThread`` property runs one Python frame.  For the observers'
+per-step hooks, which write a few of these on every training step."""
 
 
 class PerThread(Generic[T]):

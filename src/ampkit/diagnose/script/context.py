@@ -22,12 +22,14 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit._util.threads import thread_values
 from ampkit.diagnose.script.capture import Capture
 from ampkit.diagnose.script.lossgrad import LossGrads
 from ampkit.diagnose.script.losstrace import LossSideTrace
@@ -156,18 +158,15 @@ class Context:
     def iteration(self) -> int:
         return self.state.iteration
 
-    @property
-    def step(self) -> int:
-        return self.state.step
+    # Read by every hook: an attrgetter property runs no Python frame.
+    step = property(attrgetter("state.step"), doc="This thread's optimizer step in progress (``WatchState.step``).")
 
     @property
     def steps(self) -> int:
         """Optimizer steps of all threads (``WatchState.steps``)."""
         return self.state.steps
 
-    @property
-    def paused(self) -> bool:
-        return self.state.paused
+    paused = property(attrgetter("state.models.paused"), doc="``WatchState.paused``.")
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -257,7 +256,7 @@ class Context:
         """The primary optimizer stepped (or was skipped): a new iteration begins."""
         self._close_loss_trace(final=False)
         self.state.count_step()
-        self.models.step = self.step
+        thread_values(self.models).step = self.step  # per-step: a write with no Python frame
         self.models.new_window()
         dense = self.sampler.dense(self.iteration)
         self.models.set_discovery(dense)

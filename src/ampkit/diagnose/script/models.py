@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from ampkit._util.autograd import sole_cast_consumers
 from ampkit._util.modhooks import own_hook
-from ampkit._util.threads import PerThread
+from ampkit._util.threads import PerThread, thread_values
+from ampkit._util.trees import leaves
 from ampkit.diagnose.script.capture import Capture
 
 __all__ = ["ModelWatch", "is_compile_wrapper"]
@@ -235,20 +235,20 @@ class ModelWatch:
             # statistics from before it.  One fused copy (multi-tensor kernel) of the stats buffers.
             running_before=(root.running, list(torch._foreach_mul(root.running, 1.0))) if root.running else None,
         )
-        self._pending = cap
+        thread_values(self)._pending = cap  # no Python frame: this runs on every forward
 
     def _root_post(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         if torch.compiler.is_compiling() or self.paused or not _pop_to(self._stack, module):
             return
         if self._stack:
             return
-        cap, self._pending = self._pending, None
+        mine = thread_values(self)
+        cap, mine._pending = mine._pending, None
         if cap is None or cap.root is not module:
             return
         cap.args, cap.kwargs = args, dict(kwargs)
-        leaves, _ = tree_flatten(out)
         budget = self.grad_capture_numel
-        for x in leaves:
+        for x in leaves(out):
             if isinstance(x, torch.Tensor) and not x.requires_grad and x.is_floating_point():
                 cap.untracked_outputs.append(x.detach())  # a reference, not a copy: no cost in the hot path
             elif isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point():

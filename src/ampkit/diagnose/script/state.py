@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol
 
 import torch
 
 from ampkit._util.frames import UserFrames
 from ampkit._util.host import DeferredReads
-from ampkit._util.threads import PerThread
+from ampkit._util.threads import PerThread, thread_values
 from ampkit.diagnose.script.ledger import Ledger
 from ampkit.diagnose.script.models import ModelWatch
 
@@ -84,6 +85,10 @@ class WatchState:
     iteration = PerThread(int)
     """This thread's optimizer steps of its primary optimizer so far (skipped ones included): a count,
     0-based where it indexes (the ``Sampler``); findings, messages and the sets below use ``step``."""
+    step = PerThread(lambda: 1)
+    """The optimizer step in progress, counted from 1 (``iteration + 1``, kept beside it so that the
+    hooks read it with no Python frame): step N is the N-th optimizer step, the number telemetry's
+    records and the engine's ``StepResult.optimizer_step`` give it too."""
     steps: int = 0
     """Optimizer steps of the primary optimizers of all threads so far (``count_step``)."""
     loss_nonfinite: set[int] = field(default_factory=set)
@@ -96,20 +101,15 @@ class WatchState:
 
     def count_step(self) -> None:
         """This thread's primary optimizer stepped (or was skipped)."""
-        self.iteration += 1
+        mine = thread_values(self)  # per-step: writes with no Python frame
+        mine.iteration += 1
+        mine.step = mine.iteration + 1
         with self._count_lock:  # += on a shared attribute is not atomic across threads
             self.steps += 1
 
-    @property
-    def step(self) -> int:
-        """The optimizer step in progress, counted from 1: step N is the N-th optimizer step, the number
-        telemetry's records and the engine's ``StepResult.optimizer_step`` give it too."""
-        return self.iteration + 1
-
-    @property
-    def paused(self) -> bool:
-        """True while the doctor runs models itself (replays): the watchers observe nothing."""
-        return self.models.paused
+    # Read by every hook: an attrgetter property runs no Python frame.
+    paused = property(attrgetter("models.paused"),
+                      doc="True while the doctor runs models itself (replays): the watchers observe nothing.")
 
     def note_location(self, what: str, location: str | None) -> None:
         self.locations.setdefault(what, location)

@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from ampkit._util.threads import PerThread
+from ampkit._util.threads import PerThread, thread_values
 
 __all__ = ["AutocastRegions"]
 
@@ -28,23 +28,27 @@ class AutocastRegions:
     def __init__(self) -> None:
         self.region = 0
         """Outermost regions entered so far, all threads."""
-        self.enabled_in: dict[int, tuple[str, str | None]] = {}
-        """Thread ident -> (thread name, location) of each thread now inside an enabled outermost
-        autocast block: what another thread's forward would wrongly expect to inherit."""
+        self.enabled_in: dict[int, tuple[threading.Thread, str | None]] = {}
+        """Thread ident -> (thread, location) of each thread now inside an enabled outermost autocast
+        block: what another thread's forward would wrongly expect to inherit."""
 
+    # enter and exit run on every training step: per-thread writes go through ``thread_values``
+    # (no Python frame each), and a thread's name is read only when a finding needs it.
     def enter(self, location: str | None, *, enabled: bool = True) -> None:
         """An autocast block was entered at ``location``; the outermost one opens a region."""
-        self.depth += 1
-        if self.depth == 1:
+        mine = thread_values(self)
+        mine.depth += 1
+        if mine.depth == 1:
             self.region += 1
-            self.region_stepped = None
-            self.region_location = location
+            mine.region_stepped = None
+            mine.region_location = location
             if enabled:
-                self.enabled_in[threading.get_ident()] = (threading.current_thread().name, location)
+                self.enabled_in[threading.get_ident()] = (threading.current_thread(), location)
 
     def exit(self) -> None:
-        self.depth = max(0, self.depth - 1)
-        if self.depth == 0:
+        mine = thread_values(self)
+        mine.depth = max(0, mine.depth - 1)
+        if mine.depth == 0:
             self.enabled_in.pop(threading.get_ident(), None)
 
     def enabled_elsewhere(self) -> tuple[str, str | None] | None:
@@ -52,7 +56,7 @@ class AutocastRegions:
         me = threading.get_ident()
         if me in self.enabled_in:
             return None
-        return next((v for ident, v in list(self.enabled_in.items()) if ident != me), None)
+        return next(((t.name, where) for ident, (t, where) in list(self.enabled_in.items()) if ident != me), None)
 
     @staticmethod
     def any_enabled() -> bool:

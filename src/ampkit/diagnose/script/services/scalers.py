@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from ampkit._util.threads import PerThread
+from ampkit._util.trees import leaves
 from ampkit.diagnose.script.services.optimizers import OptimizerRegistry
 from ampkit.diagnose.script.state import WatchState
 
@@ -56,6 +56,19 @@ class ScalerInfo:
     """The class the script built, as it would spell it (``torch.cuda.amp.GradScaler``)."""
     engine: bool = False
     """The loss scaler of an ampkit engine (``watchers.engine``): it unscales inside ``mp.step``."""
+    _copy: tuple[torch.Tensor, int, torch.Tensor] | None = field(default=None, repr=False)
+    """(the scale tensor, its version, a copy of it then): ``scale_copy``'s last copy."""
+
+    def scale_copy(self, scale: torch.Tensor) -> torch.Tensor:
+        """A copy of the scaler's ``scale`` tensor as it is now (``update`` changes it in place), shared
+        with the last copy while the tensor is unchanged (its version counter): the wrappers of
+        ``scale``, ``step`` and ``update`` each need the value, and one copy a step serves them."""
+        held = self._copy
+        if held is not None and held[0] is scale and held[1] == scale._version:
+            return held[2]
+        copy = scale.detach().clone()
+        self._copy = (scale, scale._version, copy)
+        return copy
 
     @property
     def label(self) -> str:
@@ -123,9 +136,7 @@ class ScalerRegistry:
 
     def register_scaled(self, loss_in: Any, out: Any, scale: torch.Tensor | None, enabled: bool, kind: str) -> None:
         """``out`` is what a scaler's ``scale(loss_in)`` returned (tensors paired leaf by leaf)."""
-        ins, _ = tree_flatten(loss_in)
-        outs, _ = tree_flatten(out)
-        for a, b in zip(ins, outs):
+        for a, b in zip(leaves(loss_in), leaves(out)):
             if isinstance(b, torch.Tensor):
                 self._scaled[id(b)] = ScaledSource(tensor=b, loss=a, scale=scale, enabled=enabled, kind=kind)
 

@@ -7,7 +7,7 @@ import torch
 from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
-from ampkit._util.threads import PerThread
+from ampkit._util.threads import PerThread, thread_values
 from ampkit.diagnose.script.services.scalers import ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers.base import Watcher
@@ -39,7 +39,8 @@ class BackwardWatch(Watcher):
         window = [c for c in self.state.models.captures if c.loss is None]
         low = {c.low_precision for c in window} - {None}
         loss = scaled.loss if scaled is not None else flat[0]
-        self._scaled_now = scaled is not None and scaled.enabled and scaled.kind == "torch"
+        mine = thread_values(self)  # per-step: writes with no Python frame
+        mine._scaled_now = scaled is not None and scaled.enabled and scaled.kind == "torch"
         self.state.models.on_backward(flat, loss, scaled.scale if scaled is not None and scaled.enabled else None)
         if torch.float16 in low and (scaled is None or not scaled.enabled):
             self.fp16_unscaled.append(self.state.step)
@@ -69,13 +70,14 @@ class BackwardWatch(Watcher):
                 step=self.state.step,
                 evidence={"loss_dtype": dtype_name(loss.dtype)},
             )
-        self._pending_loss = loss
+        mine._pending_loss = loss
 
     @override
     def after_backward(self, flat: list[torch.Tensor]) -> None:
-        loss = self._pending_loss if self._pending_loss is not None else flat[0]
-        self._pending_loss = None
-        if self._scaled_now:
+        mine = thread_values(self)
+        loss = mine._pending_loss if mine._pending_loss is not None else flat[0]
+        mine._pending_loss = None
+        if mine._scaled_now:
             return  # a GradScaler guards this step: a skip triggers the diagnosis (and reads the loss then)
         it = self.state.step
         bad = (~torch.isfinite(loss.detach())).any()

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils._pytree import tree_flatten
 from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
+from ampkit._util.threads import thread_values
+from ampkit._util.trees import leaves
 from ampkit.diagnose.script.errors import exception_finding
 from ampkit.diagnose.script.order import OrderContext, explain_order
 from ampkit.diagnose.script.patches import PatchSet
@@ -101,7 +102,7 @@ class ScalerWatch(Watcher):
             out = orig(sc, outputs)
             info = self.scalers.info(sc)
             enabled = bool(sc._enabled)
-            scale_t = sc._scale.detach().clone() if enabled and sc._scale is not None else None
+            scale_t = info.scale_copy(sc._scale) if enabled and sc._scale is not None else None
             self.scalers.register_scaled(outputs, out, scale_t, enabled, "torch")
             if enabled:
                 info.used += 1
@@ -129,9 +130,7 @@ class ScalerWatch(Watcher):
         seed: backward enters the loss with d(loss × scale)/d(loss) = scale, rounded to the loss's
         dtype, so an fp16 loss overflows at every scale above 65504 whatever its value.
         """
-        ins, _ = tree_flatten(outputs)
-        outs, _ = tree_flatten(out)
-        for a, b in zip(ins, outs):
+        for a, b in zip(leaves(outputs), leaves(out)):
             if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION_DTYPES:
                 it = self.state.step
                 location = self.state.frames.caller()
@@ -189,14 +188,15 @@ class ScalerWatch(Watcher):
 
     def _wrap_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def step(sc: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            self.scalers.in_step += 1
+            mine = thread_values(self.scalers)  # per-step: writes with no Python frame
+            mine.in_step += 1
             try:
                 out = orig(sc, optimizer, *args, **kwargs)
             except (RuntimeError, AssertionError) as exc:
                 self._explain_order(exc, sc, "step")
                 raise
             finally:
-                self.scalers.in_step -= 1
+                mine.in_step -= 1
             primary = self.optimizers.is_primary(optimizer)
             if sc._enabled:
                 info = self.scalers.info(sc)
@@ -205,7 +205,7 @@ class ScalerWatch(Watcher):
                 per_dev = list(state["found_inf_per_device"].values()) if state else []
                 if per_dev:
                     found = per_dev[0] if len(per_dev) == 1 else torch.stack([f.to(per_dev[0].device) for f in per_dev]).sum()
-                    self.scalers.report_found(optimizer, found, sc._scale.detach().clone(), primary)
+                    self.scalers.report_found(optimizer, found, info.scale_copy(sc._scale), primary)
             if primary:
                 self.state.signals.end_iteration()
             return out
@@ -236,7 +236,7 @@ class ScalerWatch(Watcher):
                 raise
             if sc._enabled:
                 it = self.state.step
-                self.state.pending.read(sc._scale.detach().clone(), lambda v: info.scales.append((it, v)))
+                self.state.pending.read(info.scale_copy(sc._scale), lambda v: info.scales.append((it, v)))
             info.stepped_since_update = info.unscaled_since_update = info.backward_scaled = False
             self.scalers.after_update()
             return out
