@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import pytest
 import torch
 
-from ampkit.diagnose.core.perf import speed_outcome
+from ampkit.diagnose.core.perf import EXTRA_ROUNDS, robust_samples, speed_outcome
 from ampkit.diagnose.script.rules import _collapsed
 from ampkit.diagnose.script.services.scalers import ScalerInfo
 from ampkit.diagnose.step.compare import GradComparison, precision_findings, underflow_finding
@@ -142,6 +143,25 @@ def test_threshold_speed_outcome_uses_the_median_of_every_round() -> None:
     assert speed_outcome(samples, torch.bfloat16, rule) == (0.95, "borderline")
     samples[torch.bfloat16] += [0.1, 0.1, 0.1, 0.1]
     assert speed_outcome(samples, torch.bfloat16, rule)[1] == "reported"
+
+
+@pytest.mark.parametrize(("ratios", "asked"), [
+    ([0.04], [1]),  # emulated low precision: far below the band, one round decides
+    ([2.1], [1]),  # bf16 units: far above it
+    ([0.6, 0.6, 0.6], [1, 2]),  # below the band, not by half again: the usual three rounds
+    ([0.95, 0.95, 0.95, *[0.95] * EXTRA_ROUNDS], [1, 2, EXTRA_ROUNDS]),  # borderline after three: more rounds
+])
+def test_speed_rounds_one_only_when_decided_three_else_more_inside_the_band(ratios: list[float],
+                                                                            asked: list[int]) -> None:
+    rule, made, calls = THRESHOLDS["SLOW_LOW_PRECISION"], iter(ratios), []
+
+    def take(k: int) -> dict[str, list[float]]:  # k rounds of (fp32, low) throughput with the given ratios
+        calls.append(k)
+        low = [next(made) for _ in range(k)]
+        return {"fp32": [1.0] * k, "low": low}
+
+    samples = robust_samples(take, lambda s: statistics.median(s["low"]) / statistics.median(s["fp32"]), rule, 3)
+    assert calls == asked and len(samples["low"]) == sum(asked)
 
 
 def test_threshold_table_in_the_docs_matches_the_rules() -> None:
