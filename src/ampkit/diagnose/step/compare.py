@@ -142,12 +142,12 @@ def compare_grads(
             g = g * inv_scale
         r = ref.to(acc)
         ref_nz = r != 0
-        lost = ref_nz & (g == 0)
+        zeroed = ref_nz & (g == 0)
         if flushed_below != math.inf:
-            lost &= r.abs() < flushed_below
+            zeroed &= r.abs() < flushed_below
         rows.append(torch.stack([
             torch.linalg.vector_norm(r).square(), torch.linalg.vector_norm(r - g).square(),
-            torch.count_nonzero(lost).to(acc), torch.count_nonzero(ref_nz).to(acc),
+            torch.count_nonzero(zeroed).to(acc), torch.count_nonzero(ref_nz).to(acc),
         ]))
     values = torch.stack(rows).cpu().tolist()  # one read-back for all parameters
     out = GradComparison()
