@@ -94,7 +94,10 @@ class ModelWatch:
     # -- installation ----------------------------------------------------------------------
     def set_discovery(self, on: bool) -> None:
         """Switch the global module hooks (every module call) on or off; only between this thread's forwards
-        (another thread's forward in progress copes: ``_root_post`` pops its stack down to the root)."""
+        (another thread's forward in progress copes: ``_root_post`` pops its stack down to the root).
+        Called every step: a switch already in place returns before the lock (checked again under it)."""
+        if on == bool(self._global):
+            return
         with self._global_lock:
             self._switch_discovery(on)
 
@@ -342,6 +345,9 @@ class _PreCastSink:
 def _pop_to(stack: list[nn.Module], module: nn.Module) -> bool:
     """Pop ``stack`` down to and including ``module``; False (nothing popped) when it is not on it.  A
     submodule left on top had its post-hook removed mid-forward (another thread switched discovery off)."""
+    if stack and stack[-1] is module:  # the usual case: no generator, no scan
+        stack.pop()
+        return True
     if not any(m is module for m in stack):
         return False
     while stack.pop() is not module:
