@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import ampkit
-from ampkit.policy import release_fp32, resolve_keep_fp32
+from ampkit.policy import keep_fp32, release_fp32, resolve_keep_fp32
 
 
 class Block(nn.Module):
@@ -111,3 +113,17 @@ def test_policy_custom_fwd_on_whole_forward_disables_autocast_for_every_submodul
     with torch.autocast("cpu", dtype=torch.bfloat16):
         net(torch.randn(2, 8))
     assert net.blocks[0].seen["ff_out"] == torch.bfloat16  # only the norm left autocast
+
+
+def test_keep_fp32_survives_deepcopy_and_each_copy_is_released_alone() -> None:
+    # An EMA or best-model copy of a model with kept modules: the copy keeps them in fp32 too, and
+    # releasing one model's module leaves the other's hooks in place.
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    keep_fp32(model[1], "cpu")
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(x).dtype == twin(x).dtype == torch.float32
+    release_fp32(twin[1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(x).dtype == torch.float32 and twin(x).dtype == torch.bfloat16
