@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.amp.grad_scaler import OptState
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from typing_extensions import override
 
@@ -259,8 +260,6 @@ class ScalerWatch(Watcher):
         if not scalers:
             return
         owners = self.optimizers.owners(params)
-        from torch.amp.grad_scaler import OptState
-
         for sc, info in scalers:
             # An engine's info is scaled exactly from its backward to its unscale (watchers.engine).
             states = [] if info.engine else [sc._per_optimizer_states.get(id(o)) for o in owners] or [None]
