@@ -1,4 +1,5 @@
-"""The cast-consumer walk: which model outputs reach the loss only through a dtype cast.
+"""Walks of a loss's autograd graph: which model outputs reach the loss only through a dtype
+cast, and which node's backward raised a dtype error.
 
 Both replaying doctors keep the gradient an output received in backward, to re-run the model
 later and backpropagate it.  When a cast consumes the output (``out.float()`` before the loss,
@@ -11,6 +12,12 @@ the entire loss-side graph and the cast is the output's one consumer there.
 
 Cost: a Python walk over at most ``limit`` autograd nodes, once per backward, on the doctor's
 path only (no tensor is touched).
+
+A backward that raises a dtype error ("Found dtype Half but expected Float") names no op: the
+forward accepted a mixed pair (it promotes), the node's backward kernel does not.
+``failing_node`` finds that node after the fact, from the roots ``dispatch_backward`` notes on the
+exception (``note_backward_roots``): only a node whose saved tensors mix a 16-bit floating dtype
+with a wider one can raise it, and each such node is re-run on zero gradients to confirm.
 
 >>> import torch
 >>> w = torch.ones(2, requires_grad=True)
@@ -25,10 +32,12 @@ path only (no tensor is touched).
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
-__all__ = ["CAST_NODE", "sole_cast_consumers"]
+import torch
+
+__all__ = ["CAST_NODE", "backward_roots", "failing_node", "note_backward_roots", "sole_cast_consumers"]
 
 CAST_NODE = "ToCopyBackward0"
 """The autograd node of ``Tensor.to(dtype)`` / ``.float()`` / ``.half()`` (and autocast's casts)."""
@@ -60,3 +69,82 @@ def sole_cast_consumers(roots: Iterable[Any], outputs: Container[Any], limit: in
                 queue.append(nxt)
     return {out: nodes[0] for out, nodes in consumers.items()
             if len(nodes) == 1 and type(nodes[0]).__name__ == CAST_NODE}
+
+
+_ROOTS_ATTR = "_ampkit_backward_roots"
+_NARROW = (torch.float16, torch.bfloat16)
+_WIDE = (torch.float32, torch.float64)
+
+
+def note_backward_roots(exc: BaseException, tensors: Sequence[torch.Tensor]) -> None:
+    """Keep on ``exc`` the graph roots of the backward that raised it (the first backward to note wins)."""
+    if not hasattr(exc, _ROOTS_ATTR):
+        try:
+            setattr(exc, _ROOTS_ATTR, [t.grad_fn for t in tensors if t.grad_fn is not None])
+        except AttributeError:  # an exception type without a __dict__: nothing to explain it with later
+            pass
+
+
+def backward_roots(exc: BaseException) -> list[Any]:
+    """The roots ``note_backward_roots`` kept on ``exc``; empty when it was not raised by a watched backward."""
+    return list(getattr(exc, _ROOTS_ATTR, ()))
+
+
+def failing_node(roots: Iterable[Any], message: str, limit: int = 4096) -> tuple[Any, dict[str, torch.dtype]] | None:
+    """(node, its saved floating tensors' dtypes by name) of the first node under ``roots`` (breadth-first
+    from the loss, the order backward runs them) whose backward, re-run on zero gradients, raises an
+    error with ``message``'s first line; None when no node does.
+
+    Only built-in nodes whose saved tensors mix a 16-bit floating dtype with a wider one are re-run
+    (no custom ``autograd.Function``: its backward is user code, and no ``AccumulateGrad``: it
+    would write into ``.grad``); their re-run is the cost, on a crashed run's graph only.
+
+    >>> w = torch.ones(4, requires_grad=True)
+    >>> loss = torch.nn.functional.huber_loss(w * 2, torch.zeros(4).half())
+    >>> try:
+    ...     loss.backward()
+    ... except RuntimeError as exc:
+    ...     node, saved = failing_node([loss.grad_fn], str(exc))
+    >>> type(node).__name__, sorted((k, str(v)) for k, v in saved.items())
+    ('HuberLossBackward0', [('self', 'torch.float32'), ('target', 'torch.float16')])
+    """
+    first = message.splitlines()[0] if message else ""
+    queue = [r for r in roots if r is not None]
+    seen = set(queue)
+    while queue and len(seen) <= limit:
+        node = queue.pop(0)
+        saved = _saved_dtypes(node)
+        if any(d in _NARROW for d in saved.values()) and any(d in _WIDE for d in saved.values()):
+            if _raises(node, first):
+                return node, saved
+        for nxt, _ in node.next_functions:
+            if nxt is not None and nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return None
+
+
+def _saved_dtypes(node: Any) -> dict[str, torch.dtype]:
+    """The dtypes of ``node``'s saved floating tensors (``_saved_<name>``), those still held."""
+    out: dict[str, torch.dtype] = {}
+    for attr in dir(node):
+        if attr.startswith("_saved_"):
+            try:
+                value = getattr(node, attr)
+            except RuntimeError:  # freed after its backward ran
+                continue
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                out[attr.removeprefix("_saved_")] = value.dtype
+    return out
+
+
+def _raises(node: Any, first_line: str) -> bool:
+    if type(node).__name__ in ("AccumulateGrad", "BackwardCFunction") or hasattr(node, "_forward_cls"):
+        return False
+    try:
+        grads = [torch.zeros(m.shape, dtype=m.dtype, device=m.device) for m in node._input_metadata]
+        with torch.no_grad():
+            node(*grads)
+    except Exception as exc:  # the kernel's own error is the answer; anything else is not this one
+        return str(exc).splitlines()[0] == first_line if str(exc) else False
+    return False

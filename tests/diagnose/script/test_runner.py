@@ -179,6 +179,30 @@ def test_doctor_script_explains_a_known_error_with_the_users_line(tmp_path: Path
     assert report.exit_status == 1
 
 
+def test_doctor_script_names_the_op_whose_backward_raised_a_dtype_mismatch(tmp_path: Path) -> None:
+    # A regression target kept in bf16 by the dataset: huber_loss's forward accepts the fp32
+    # prediction and the bf16 target, its backward raises "Found dtype BFloat16 but expected Float",
+    # which names no op.  The finding names the op and its operands' dtypes; the fix casts the bf16 one.
+    script = _write(tmp_path / "regress.py", """
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+        model = nn.Linear(4, 1)
+        targets = torch.randn(8, 1).bfloat16()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            pred = model(torch.randn(8, 4))
+        loss = F.huber_loss(pred.float(), targets)
+        loss.backward()
+    """)
+    report = run_script(script, measure_speed=False)
+    [finding] = [f for f in report.findings if f.code == "DTYPE_MISMATCH"]
+    assert finding.evidence["op"] == "huber_loss"
+    assert finding.evidence["backward_node"] == "HuberLossBackward0"
+    assert finding.evidence["saved_dtypes"] == {"input": "fp32", "target": "bf16"}
+    assert "cast huber_loss's target to fp32" in finding.fix
+    assert finding.location is not None and finding.location.endswith("regress.py:10")  # the backward's line
+
+
 def test_doctor_script_precision_option_checks_an_fp32_script(tmp_path: Path) -> None:
     script = _write(tmp_path / "fp32.py", """
         import torch

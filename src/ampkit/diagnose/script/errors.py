@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from ampkit._util.autograd import backward_roots, failing_node
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.script.models import ModelWatch
@@ -79,10 +80,40 @@ def explain_exception(exc: BaseException, code: UserFrames, names: dict[int, str
         made = rule(text)
         if made is not None:
             code_name, message, fix, *extra = made
+            evidence = extra[0] if extra else None
+            if code_name == "DTYPE_MISMATCH" and (node := _backward_node(exc, text)) is not None:
+                message, fix, found = node
+                evidence = {**(evidence or {}), **found}
             return exception_finding(exc, code_name, message, fix, location=code.traceback_location(tb),
                                      module=_module_of(tb, names), step=step,
-                                     where=where_raised(tb, code, models, None if step is None else step - 1), evidence=extra[0] if extra else None)
+                                     where=where_raised(tb, code, models, None if step is None else step - 1),
+                                     evidence=evidence)
     return None
+
+
+_OP_WORD = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def _backward_node(exc: BaseException, text: str) -> tuple[str, str, dict[str, Any]] | None:
+    """DTYPE_MISMATCH's message, fix and evidence when the error came from a backward node
+    (``ampkit._util.autograd.failing_node``): the op whose saved operands mix dtypes, named."""
+    hit = failing_node(backward_roots(exc), text)
+    if hit is None:
+        return None
+    node, saved = hit
+    kind = type(node).__name__
+    op = _OP_WORD.sub("_", re.sub(r"Backward\d*$", "", kind)).lower()
+    names = {k: ("input" if k == "self" else k) for k in saved}
+    operands = ", ".join(f"its {names[k]} {dtype_name(d)}" for k, d in saved.items())
+    narrow = [names[k] for k, d in saved.items() if dtype_name(d) in ("fp16", "bf16")]
+    wide = sorted({dtype_name(d) for d in saved.values() if dtype_name(d) not in ("fp16", "bf16")})
+    message = (f"the backward of {op} ({kind}) received mixed dtypes ({operands}): its forward accepted the "
+               "mixed pair and promoted it, its backward does not; the low-precision operand came from outside "
+               "autocast's casting (computed in a `torch.autocast` block and used after it, or stored as fp16/bf16); "
+               "raised in the backward called")
+    fix = (f"cast {op}'s {' and '.join(narrow)} to {wide[0] if wide else 'fp32'} before the call (`x.float()`), or "
+           f"call {op} inside the autocast region so that autocast casts its operands alike")
+    return message, fix, {"backward_node": kind, "op": op, "saved_dtypes": {names[k]: dtype_name(d) for k, d in saved.items()}}
 
 
 def exception_finding(exc: BaseException, code: Code, message: str, fix: str, *, location: str | None,

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampkit._util.autograd import note_backward_roots
+
 if TYPE_CHECKING:
     from ampkit.diagnose.script.capture import Capture
     from ampkit.diagnose.script.patches import PatchSet
@@ -76,7 +78,11 @@ def dispatch_backward(watchers: list[Watcher], state: WatchState, patches: Patch
                 return orig(tensors, *args, **kwargs)
             for call in before:
                 call(flat)
-            out = orig(tensors, *args, **kwargs)
+            try:
+                out = orig(tensors, *args, **kwargs)
+            except Exception as exc:  # which graph raised: a dtype error's explanation walks it
+                note_backward_roots(exc, flat)
+                raise
             for call in after:
                 call(flat)
             return out
