@@ -32,6 +32,7 @@ with a wider one can raise it, and each such node is re-run on zero gradients to
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
@@ -79,10 +80,9 @@ _WIDE = (torch.float32, torch.float64)
 def note_backward_roots(exc: BaseException, tensors: Sequence[torch.Tensor]) -> None:
     """Keep on ``exc`` the graph roots of the backward that raised it (the first backward to note wins)."""
     if not hasattr(exc, _ROOTS_ATTR):
-        try:
+        # An exception type without a __dict__ keeps nothing: its explanation just names no node.
+        with contextlib.suppress(AttributeError):
             setattr(exc, _ROOTS_ATTR, [t.grad_fn for t in tensors if t.grad_fn is not None])
-        except AttributeError:  # an exception type without a __dict__: nothing to explain it with later
-            pass
 
 
 def backward_roots(exc: BaseException) -> list[Any]:
@@ -114,9 +114,9 @@ def failing_node(roots: Iterable[Any], message: str, limit: int = 4096) -> tuple
     while queue and len(seen) <= limit:
         node = queue.pop(0)
         saved = _saved_dtypes(node)
-        if any(d in _NARROW for d in saved.values()) and any(d in _WIDE for d in saved.values()):
-            if _raises(node, first):
-                return node, saved
+        mixed = any(d in _NARROW for d in saved.values()) and any(d in _WIDE for d in saved.values())
+        if mixed and _raises(node, first):
+            return node, saved
         for nxt, _ in node.next_functions:
             if nxt is not None and nxt not in seen:
                 seen.add(nxt)
