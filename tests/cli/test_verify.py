@@ -119,26 +119,6 @@ def test_verify_cli_process_exit_status_is_2_for_a_missing_file(tmp_path: Path) 
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_verify_interrupt_leaves_no_report_and_exits_130(tmp_path: Path) -> None:
-    out, scratch = tmp_path / "out", tmp_path / "tmp"
-    scratch.mkdir()
-    env = dict(os.environ, TMPDIR=str(scratch))
-    proc = subprocess.Popen(
-        cli_command("verify", task_ref("Slow"), "--out", str(out), "--no-measure-env"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list(scratch.glob("ampkit-verify-*/fp32.stderr")):
-        time.sleep(0.2)
-    time.sleep(2.0)  # the fp32 worker is now training
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted" in err
-    assert not out.exists() or not any(out.iterdir())
-    assert not any(scratch.iterdir())  # the workers' scratch directory is gone too
-
-
 def _verify_in_training(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path, list[int]]:
     """`ampkit verify` of the Slow task with its scratch under tmp_path/tmp, once its fp32 worker trains:
     (the process, its --out, the scratch folder, the worker pids)."""
@@ -155,6 +135,16 @@ def _verify_in_training(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Pa
     time.sleep(2.0)  # the fp32 worker is now training
     workers = [p for p in descendants(proc.pid) if p in with_command_line("ampkit.verify.worker")]
     return proc, out, scratch, workers
+
+
+def test_verify_interrupt_leaves_no_report_and_exits_130(tmp_path: Path) -> None:
+    proc, out, scratch, _ = _verify_in_training(tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert not out.exists() or not any(out.iterdir())
+    assert not any(scratch.iterdir())  # the workers' scratch directory is gone too
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
