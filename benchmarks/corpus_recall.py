@@ -34,6 +34,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the corpus's judging rules, shared with its tests: tests/helpers/corpus_judge.py
+from tests.helpers.corpus_judge import (  # noqa: E402
+    culprit_modules,
+    culprit_named,
+    fixed_twin_faults,
+    missing_codes,
+    unexpected_errors,
+)
+
 DEFAULT_MANIFEST = REPO / "tests" / "cases" / "manifest.json"
 DOCTOR_TIMEOUT_S = 300
 AMPKIT = [sys.executable, "-c", "import sys; from ampkit.cli.main import main; sys.exit(main())"]
@@ -84,21 +93,18 @@ def score_case(case: dict[str, Any], cases_dir: Path, workdir: Path) -> CaseScor
         score.crashed, score.missed = report, expect
     else:
         findings = report["findings"]
-        codes = {f["code"] for f in findings}
-        score.missed = [c for c in expect if c not in codes]
-        errors = {f["code"] for f in findings if f["severity"] == "error"}
-        score.unexpected_errors = sorted(errors - set(expect) - set(case.get("allow", [])))
+        score.missed = missing_codes(case, findings)
+        score.unexpected_errors = unexpected_errors(case, findings)
         if case.get("culprit"):
             code, module = case["culprit"]["code"], case["culprit"]["module"]
             score.culprit = f"{code}@{module or '<model forward>'}"
-            score.culprit_named = [f["module"] for f in findings if f["code"] == code]
-            score.culprit_ok = module in score.culprit_named
+            score.culprit_named = [str(m) for m in culprit_modules(case, findings) or []]
+            score.culprit_ok = culprit_named(case, findings)
     fixed = _doctor(cases_dir / case["fixed"], workdir)
     if isinstance(fixed, str):
         score.crashed = (score.crashed or "") + f" fixed: {fixed}"
     else:
-        score.fixed_errors = sorted({f["code"] for f in fixed["findings"]
-                                     if f["severity"] == "error" or (f["severity"] != "info" and f["code"] in expect)})
+        score.fixed_errors = fixed_twin_faults(case, fixed["findings"])
         score.fixed_exit = fixed["environment"]["exit_status"]
     score.lint_required = list(case.get("lint", []))
     if score.lint_required:

@@ -27,6 +27,13 @@ from ampkit.cli.main import main
 from ampkit.diagnose.core.perf import low_precision_speed
 from ampkit.findings import CODES
 from ampkit.thresholds import is_borderline
+from tests.helpers.corpus_judge import (
+    culprit_modules,
+    culprit_named,
+    fixed_twin_faults,
+    missing_codes,
+    unexpected_errors,
+)
 
 CASES = Path(__file__).parents[1] / "cases"
 OPTION_CODES = {"COMPILED_DIVERGENCE": "--compare-compiled: tests/cli/test_doctor.py"}
@@ -103,13 +110,11 @@ def test_doctor_cases_script_reports_expected_codes_and_culprit(
     if not met:
         assert not expect & codes, f"{case['requires']} does not hold here, yet {expect & codes} was reported"
         return
-    assert expect <= codes, f"missing {sorted(expect - codes)}; reported {sorted(codes)}"
-    errors = {f["code"] for f in findings if f["severity"] == "error"}
-    assert errors <= expect | set(case["allow"]), f"unexpected errors {sorted(errors - expect - set(case['allow']))}"
+    assert not missing_codes(case, findings), f"missing {missing_codes(case, findings)}; reported {sorted(codes)}"
+    assert not unexpected_errors(case, findings), f"unexpected errors {unexpected_errors(case, findings)}"
     if case["culprit"] is not None:
-        code, module = case["culprit"]["code"], case["culprit"]["module"]
-        named = [f["module"] for f in findings if f["code"] == code]
-        assert module in named, f"{code} names {named}, expected the producer {module!r}"
+        assert culprit_named(case, findings), (f"{case['culprit']['code']} names {culprit_modules(case, findings)}, "
+                                               f"expected the producer {case['culprit']['module']!r}")
     if case.get("compiled"):
         assert doc["compiled"], "the script's torch.compile call was not reported"
     for code, wanted in case.get("evidence", {}).items():
@@ -117,7 +122,7 @@ def test_doctor_cases_script_reports_expected_codes_and_culprit(
         assert any(all(ev.get(k) == v for k, v in wanted.items()) for ev in evidence), (code, evidence)
     if "fp8_filter" in case:
         assert doc["fp8_filter"] == case["fp8_filter"], f"verified fp8_filter {doc['fp8_filter']}"
-    assert rc == (1 if errors else 0)
+    assert rc == (1 if any(f["severity"] == "error" for f in findings) else 0)
 
 
 @pytest.mark.parametrize("case", MANIFEST["cases"], ids=lambda c: c["name"])
@@ -126,10 +131,8 @@ def test_doctor_cases_fixed_variant_has_no_error_and_none_of_the_codes(case: dic
         pytest.skip(f"the fixed variant assumes {case['fixed_requires']}, which this machine lacks or cannot tell")
     rc, doc = _doctor(CASES / case["fixed"], tmp_path)
     findings = doc["findings"]
-    errors = [(f["code"], f["message"]) for f in findings if f["severity"] == "error"]
-    assert not errors
-    # info findings say "nothing to change" (e.g. the scaler backing off once at the start)
-    assert not {f["code"] for f in findings if f["severity"] != "info"} & set(case["expect"])
+    faults = fixed_twin_faults(case, findings)
+    assert not faults, [(f["code"], f["message"]) for f in findings if f["code"] in faults]
     assert rc == 0
     assert doc["environment"]["exit_status"] == 0
 
