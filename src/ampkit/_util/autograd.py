@@ -146,5 +146,6 @@ def _raises(node: Any, first_line: str) -> bool:
         with torch.no_grad():
             node(*grads)
     except Exception as exc:  # the kernel's own error is the answer; anything else is not this one
-        return str(exc).splitlines()[0] == first_line if str(exc) else False
+        text = str(exc)
+        return bool(text) and text.splitlines()[0] == first_line
     return False

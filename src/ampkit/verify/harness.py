@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ampkit._util.procs import sigterm_unwinds
+from ampkit._util.signals import DEFERRED_SIGNALS
 from ampkit._util.version import __version__
 from ampkit.precision import Precision, PrecisionError, resolve_device
 from ampkit.tasks import Task, load_task, split_task_ref
@@ -50,8 +51,9 @@ __all__ = ["SCHEMA", "Plan", "VerifyConfig", "VerifyError", "default_precisions"
 
 SCHEMA = "ampkit.verify/1"
 
-_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
-"""The signals that stop a job from outside, where it must still clean up (SIGHUP is POSIX only)."""
+_STOP_SIGNALS = tuple(sig for sig in DEFERRED_SIGNALS if sig != signal.SIGINT)
+"""The signals that stop a job from outside, where it must still clean up (Ctrl-C's SIGINT already
+unwinds, as KeyboardInterrupt)."""
 
 
 @dataclass(frozen=True, kw_only=True)

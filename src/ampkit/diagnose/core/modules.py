@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
+from ampkit._util.trees import leaves
 from ampkit.diagnose.core.stats import merge_ranges, pending_range
 
 __all__ = ["ModuleRecorder", "energy_pair", "float_tensors", "module_of_param", "reduction_dtype"]
@@ -32,8 +32,7 @@ __all__ = ["ModuleRecorder", "energy_pair", "float_tensors", "module_of_param", 
 
 def float_tensors(value: Any) -> list[torch.Tensor]:
     """The floating-point tensors in a (nested) module output, in pytree order."""
-    leaves, _ = tree_flatten(value)
-    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [t for t in leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 def reduction_dtype(device: torch.device) -> torch.dtype:

@@ -28,6 +28,7 @@ from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.order import explain_order
 from ampkit.diagnose.script.where import Where, where_raised
 from ampkit.findings import Code, Finding
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["exception_finding", "explain_exception"]
 
@@ -103,17 +104,17 @@ def _backward_node(exc: BaseException, text: str) -> tuple[str, str, dict[str, A
     node, saved = hit
     kind = type(node).__name__
     op = _OP_WORD.sub("_", re.sub(r"Backward\d*$", "", kind)).lower()
-    names = {k: ("input" if k == "self" else k) for k in saved}
-    operands = ", ".join(f"its {names[k]} {dtype_name(d)}" for k, d in saved.items())
-    narrow = [names[k] for k, d in saved.items() if dtype_name(d) in ("fp16", "bf16")]
-    wide = sorted({dtype_name(d) for d in saved.values() if dtype_name(d) not in ("fp16", "bf16")})
+    shown = {("input" if k == "self" else k): dtype_name(d) for k, d in saved.items()}  # torch calls it self
+    operands = ", ".join(f"its {name} {dtype}" for name, dtype in shown.items())
+    narrow = [name for name, d in zip(shown, saved.values()) if d in LOW_PRECISION_DTYPES]
+    wide = sorted({shown[name] for name, d in zip(shown, saved.values()) if d not in LOW_PRECISION_DTYPES})
     message = (f"the backward of {op} ({kind}) received mixed dtypes ({operands}): its forward accepted the "
                "mixed pair and promoted it, its backward does not; the low-precision operand came from outside "
                "autocast's casting (computed in a `torch.autocast` block and used after it, or stored as fp16/bf16); "
                "raised in the backward called")
     fix = (f"cast {op}'s {' and '.join(narrow)} to {wide[0] if wide else 'fp32'} before the call (`x.float()`), or "
            f"call {op} inside the autocast region so that autocast casts its operands alike")
-    return message, fix, {"backward_node": kind, "op": op, "saved_dtypes": {names[k]: dtype_name(d) for k, d in saved.items()}}
+    return message, fix, {"backward_node": kind, "op": op, "saved_dtypes": shown}
 
 
 def exception_finding(exc: BaseException, code: Code, message: str, fix: str, *, location: str | None,
