@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ampkit._util.threads import PerThread
+from ampkit._util.weakmap import WeakIdentityMap
 
 __all__ = ["OptInfo", "OptimizerRegistry"]
 
@@ -33,7 +34,7 @@ class OptimizerRegistry:
     """This thread's primary optimizer, the first that stepped: its steps are the thread's steps."""
 
     def __init__(self) -> None:
-        self.optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptInfo] = weakref.WeakKeyDictionary()
+        self.optimizers: WeakIdentityMap[torch.optim.Optimizer, OptInfo] = WeakIdentityMap()
         self._param_ids: dict[int, tuple[int, set[int]]] = {}
 
     def __len__(self) -> int:
@@ -53,7 +54,7 @@ class OptimizerRegistry:
 
     def get(self, opt: object) -> OptInfo | None:
         """The record of ``opt``, or None when it is no optimizer of the run."""
-        return self.optimizers.get(opt)  # type: ignore[call-overload]
+        return self.optimizers.get(opt)
 
     def is_primary(self, opt: torch.optim.Optimizer) -> bool:
         if self.primary is None or self.primary() is None:
@@ -64,7 +65,7 @@ class OptimizerRegistry:
         """The optimizers holding any of ``params`` (parameter-id sets cached per optimizer)."""
         ids = {id(p) for p in params}
         out = []
-        for opt in list(self.optimizers):
+        for opt in self.optimizers.objects():
             count = sum(len(g["params"]) for g in opt.param_groups)
             cached = self._param_ids.get(id(opt))
             if cached is None or cached[0] != count:

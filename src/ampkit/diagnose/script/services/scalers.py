@@ -8,7 +8,6 @@ guarded; the checkpoint watcher and the end-of-run rules read the ``ScalerInfo``
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from ampkit._util.threads import PerThread
 from ampkit._util.trees import leaves
+from ampkit._util.weakmap import WeakIdentityMap
 from ampkit.diagnose.script.services.optimizers import OptimizerRegistry
 from ampkit.diagnose.script.state import WatchState
 
@@ -66,7 +66,7 @@ class ScalerInfo:
         held = self._copy
         if held is not None and held[0] is scale and held[1] == scale._version:
             return held[2]
-        copy = scale.detach().clone()
+        copy = scale.clone()  # a GradScaler's scale never requires grad: no detach needed
         self._copy = (scale, scale._version, copy)
         return copy
 
@@ -94,7 +94,7 @@ class ScalerRegistry:
     def __init__(self, state: WatchState, optimizers: OptimizerRegistry) -> None:
         self.state = state
         self.optimizers = optimizers
-        self.scalers: weakref.WeakKeyDictionary[Any, ScalerInfo] = weakref.WeakKeyDictionary()
+        self.scalers: WeakIdentityMap[Any, ScalerInfo] = WeakIdentityMap()
         self.infos: list[ScalerInfo] = []
         self._scaled: dict[int, ScaledSource] = {}
         self.scaled_overflow: set[int] = set()
@@ -112,7 +112,7 @@ class ScalerRegistry:
 
     def enabled_scalers(self) -> list[tuple[Any, ScalerInfo]]:
         """Live enabled scalers (during the run)."""
-        return [(s, i) for s, i in list(self.scalers.items()) if i.enabled]
+        return [(s, i) for s, i in self.scalers.items() if i.enabled]
 
     def enabled_infos(self) -> list[ScalerInfo]:
         """Every enabled scaler the run created, also after the script dropped it (end-of-run rules)."""
