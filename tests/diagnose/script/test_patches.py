@@ -53,3 +53,18 @@ def test_patchset_after_import_patches_an_already_imported_module_at_once() -> N
     seen: list[str] = []
     PatchSet().after_import("math", lambda m: seen.append(m.__name__))
     assert seen == ["math"]
+
+
+def test_wrap_records_which_python_function_each_wrapper_wraps_and_keeps_it_after_restore() -> None:
+    patches = PatchSet()
+
+    def make(orig):  # type: ignore[no-untyped-def]
+        def wrapper(*args):  # type: ignore[no-untyped-def]
+            return orig(*args)
+        return wrapper
+
+    patches.wrap(_Child, "method", make)
+    patches.wrap(math, "sqrt", make)  # a C function has no code: nothing to record
+    wrapper_code = vars(_Child)["method"].__code__
+    patches.restore()
+    assert patches.wrapped == {wrapper_code: {_Base.method.__code__}}

@@ -35,6 +35,9 @@ class PatchSet:
 
     def __init__(self) -> None:
         self._undo: list[tuple[Any, str, Any] | Any] = []
+        self.wrapped: dict[types.CodeType, set[types.CodeType]] = {}
+        """Each wrapper's code -> the codes of the Python functions it wrapped (kept after ``restore``):
+        a traceback through a wrapper that only passed the call on leaves it out (``tracebacks``)."""
 
     def replace(self, owner: Any, name: str, value: Any) -> None:
         """Set ``owner.name = value``; for classes the owner's own ``__dict__`` entry is saved."""
@@ -56,6 +59,9 @@ class PatchSet:
         except (AttributeError, TypeError):
             pass
         self.replace(owner, name, wrapped)
+        outer, inner = _code(wrapped), _code(original)
+        if outer is not None and inner is not None:
+            self.wrapped.setdefault(outer, set()).add(inner)
 
     def after_import(self, name: str, patch: Callable[[types.ModuleType], None]) -> None:
         """Call ``patch(module)`` once module ``name`` is imported: now when it already is, else right
@@ -93,6 +99,12 @@ class PatchSet:
 
     def __len__(self) -> int:
         return len(self._undo)
+
+
+def _code(fn: Any) -> types.CodeType | None:
+    """The code a call of ``fn`` runs first (a bound method's function's); None for C functions."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
 
 
 class _Remover:

@@ -24,7 +24,6 @@ import os
 import runpy
 import sys
 import threading
-import traceback
 import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -56,6 +55,7 @@ from ampkit.diagnose.script.replay import replay_capture, replay_precision
 from ampkit.diagnose.script.rules import finalize
 from ampkit.diagnose.script.state import Sampler
 from ampkit.diagnose.script.target import defined_tasks, require_module
+from ampkit.diagnose.script.tracebacks import print_user_traceback
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.findings import Finding
 
@@ -355,7 +355,7 @@ class _Runner:
             if last is not None and _raised_inside(exc.__traceback__, last.root):
                 self._replay(last, "exception", self.ctx.step)
         else:
-            _print_user_traceback(exc, self.code)
+            print_user_traceback(exc, self.code, self._patches.wrapped)
 
 
 def _in_model(f: Finding, root: Any, models: ModelWatch) -> Finding:
@@ -396,14 +396,6 @@ def _exit_status(code: Any) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
-
-
-def _print_user_traceback(exc: BaseException, code: UserFrames) -> None:
-    """Print the traceback as Python would for the script: from its first user frame on."""
-    tb = exc.__traceback__
-    while tb is not None and not code.is_user(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
 
 
 def run_script(
