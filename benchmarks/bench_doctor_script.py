@@ -16,7 +16,8 @@ CPU time (all threads; on a shared machine other processes inflate wall time at 
 time much less).  Reported: the median step (steady state) and the mean step (which includes
 the densely observed, sampled steps), after ``--warmup`` steps of each run; the verdict uses
 CPU time, with torch limited to one intra-op thread; each side's step-time quartiles (q1-q3)
-show the spread behind the medians.  The end-to-end line runs the tinygpt loop as a script file through
+show the spread behind the medians, and the time added per step (difference of the medians) is
+comparable across machines whose plain steps differ.  The end-to-end line runs the tinygpt loop as a script file through
 ``run_script`` (observers + the end-of-run checkup replay + the throughput measurement
 behind SLOW_LOW_PRECISION) beside ``runpy.run_path`` of the same file.
 
@@ -147,7 +148,8 @@ def compare(name: str, train: Loop, rounds: int, steps: int, warmup: int) -> tup
         (p1, _, p3), (w1, _, w3) = statistics.quantiles(p, n=4), statistics.quantiles(w, n=4)
         rows.append(f"{name:8s} {clock:5s} {statistics.median(p) * 1e3:9.2f} ms {statistics.median(w) * 1e3:9.2f} ms "
                     f"{med:7.3f}x {statistics.fmean(p) * 1e3:9.2f} ms {statistics.fmean(w) * 1e3:9.2f} ms {mean:7.3f}x"
-                    f"   {p1 * 1e3:.2f}-{p3 * 1e3:.2f} ms {w1 * 1e3:.2f}-{w3 * 1e3:.2f} ms")
+                    f"   {p1 * 1e3:.2f}-{p3 * 1e3:.2f} ms {w1 * 1e3:.2f}-{w3 * 1e3:.2f} ms"
+                    f" {(statistics.median(w) - statistics.median(p)) * 1e6:+7.0f} us")
     # The CPU clock is the verdict: other processes on a shared machine inflate wall time at random.
     return rows, ratios[1][0], ratios[1][1]
 
@@ -214,7 +216,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.rounds} rounds x {args.steps} steps "
           f"per run, first {args.warmup} steps of each run dropped")
     print(f"{'loop':8s} {'clock':5s} {'plain med':>12s} {'doctor med':>12s} {'ratio':>8s} {'plain mean':>12s} "
-          f"{'doctor mean':>12s} {'ratio':>8s}   plain q1-q3, doctor q1-q3")
+          f"{'doctor mean':>12s} {'ratio':>8s}   plain q1-q3, doctor q1-q3, added per step (medians)")
     worst = 0.0
     for name, make in (("tinygpt", make_tinygpt), ("mlp", make_mlp)):
         rows, med, mean = compare(name, make(), args.rounds, args.steps, args.warmup)
