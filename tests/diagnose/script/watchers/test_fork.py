@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ampkit.diagnose.script.watchers import fork
 from ampkit.diagnose.script.watchers.fork import ForkEvent, ForkWatch
 from diagnose.script.watchers.alone import watching
 
@@ -48,6 +49,26 @@ def test_fork_watch_alone_reports_a_fork_of_the_script_and_marks_the_child() -> 
     _fork_and_report_child_flag(w.watcher)  # after restore: nothing is watched any more
     assert len(w.watcher.forks) == 1
 
+
+
+def test_fork_watch_registers_its_at_fork_callbacks_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``os.register_at_fork`` cannot be undone: runs of the doctor in one process must not add callbacks."""
+    registered: list[object] = []
+    real = os.register_at_fork
+
+    def counting(**callbacks: object) -> None:
+        registered.append(callbacks)
+        real(**callbacks)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "register_at_fork", counting)
+    before = len(fork._INSTALLED)
+    for _ in range(3):
+        with watching(ForkWatch) as w:
+            assert len(fork._INSTALLED) == before + 1
+            assert _fork_and_report_child_flag(w.watcher) == 0
+        assert len(w.watcher.forks) == 1  # each run saw its own fork
+        assert len(fork._INSTALLED) == before
+    assert len(registered) <= 1  # none when an earlier test of this process already registered them
 
 SCRIPT = """
     import os, sys, time

@@ -7,13 +7,16 @@ of the wrong process.  So the child marks itself (``child``; ``ScriptReport.fork
 a child trained unobserved.  Only forks called from the script's own code count: the workers a
 library forks (a ``DataLoader``, ``multiprocessing``) end with ``os._exit`` and train nothing.
 
-``os.register_at_fork`` cannot be undone, so each install registers callbacks that hold the
-watcher weakly and do nothing once ``PatchSet.restore`` switched it off.  Cost: nothing per step;
-one stack walk per fork.
+``os.register_at_fork`` cannot be undone, so the process registers its two callbacks once, on
+the first install, and they call the watchers installed now (``_INSTALLED``, held weakly): an
+install adds its watcher there and ``PatchSet.restore`` takes it out.  A process that runs the
+doctor many times (a test suite, a notebook) keeps two callbacks, not two per run.  Cost: nothing
+per step; one stack walk per fork.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
@@ -47,24 +50,17 @@ class ForkWatch(Watcher):
         self.forks: list[ForkEvent] = []
         self.child = False
         """This process is a child the script forked: its report is not the run's."""
-        self._active = False
 
     @override
     def install(self, patches: PatchSet) -> None:
         if not hasattr(os, "register_at_fork"):
             return  # no fork on this platform
-        self._active = True
+        _register_once()
         ref = weakref.ref(self)
-        os.register_at_fork(after_in_parent=lambda: _call(ref, in_parent=True),
-                            after_in_child=lambda: _call(ref, in_parent=False))
-        patches.on_restore(self._switch_off)
-
-    def _switch_off(self) -> None:
-        self._active = False
+        _INSTALLED.append(ref)
+        patches.on_restore(lambda: _INSTALLED.remove(ref))
 
     def _after_fork(self, *, in_parent: bool) -> None:
-        if not self._active:
-            return
         if not in_parent:
             self.child = True  # whoever forked: a child never writes the parent's report
             return
@@ -91,10 +87,22 @@ class ForkWatch(Watcher):
         )
 
 
-def _call(ref: weakref.ReferenceType[ForkWatch], *, in_parent: bool) -> None:
-    watch = ref()
-    if watch is not None:
-        watch._after_fork(in_parent=in_parent)
+_INSTALLED: list[weakref.ReferenceType[ForkWatch]] = []
+"""The fork watchers installed now (in install order); the at-fork callbacks call each."""
+
+
+@functools.cache
+def _register_once() -> None:
+    """Register the process's at-fork callbacks (the first call only: they cannot be unregistered)."""
+    os.register_at_fork(after_in_parent=lambda: _call_installed(in_parent=True),
+                        after_in_child=lambda: _call_installed(in_parent=False))
+
+
+def _call_installed(*, in_parent: bool) -> None:
+    for ref in list(_INSTALLED):
+        watch = ref()
+        if watch is not None:
+            watch._after_fork(in_parent=in_parent)
 
 
 def _fork_caller() -> types.FrameType | None:
