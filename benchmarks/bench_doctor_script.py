@@ -19,12 +19,14 @@ CPU time, with torch limited to one intra-op thread; each side's step-time quart
 show the spread behind the medians, and the time added per step (difference of the medians) is
 comparable across machines whose plain steps differ.
 
+The end-to-end line runs the tinygpt loop as a script file through ``run_script`` (observers +
+the end-of-run checkup replay + the throughput measurement behind SLOW_LOW_PRECISION) beside
+``runpy.run_path`` of the same file.
+
 Resolution: the mlp ratio of one process varies from process to process by more than the
-run-to-run noise inside it (8 processes of one version, 12 rounds x 60 steps each: 1.135x to
-1.157x on a quiet 2-core machine).  To compare two versions, alternate whole processes (A B B A
-...) and compare the medians over processes; one process of each cannot resolve 0.01.  The end-to-end line runs the tinygpt loop as a script file through
-``run_script`` (observers + the end-of-run checkup replay + the throughput measurement
-behind SLOW_LOW_PRECISION) beside ``runpy.run_path`` of the same file.
+run-to-run noise inside it (8 processes of one version, 12 rounds x 60 steps each: 1.135x to 1.157x on
+a quiet 2-core machine). To compare two versions, alternate whole processes (A B B A ...) and
+compare the medians over processes; one process of each cannot resolve 0.01.
 
 Target (issue 4): an unproblematic script runs at most 1.5x slower under the doctor.
 Run: ``.venv/bin/python benchmarks/bench_doctor_script.py [--rounds N] [--steps N]``.
