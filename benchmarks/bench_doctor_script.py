@@ -24,7 +24,7 @@ the end-of-run checkup replay + the throughput measurement behind SLOW_LOW_PRECI
 ``runpy.run_path`` of the same file.
 
 Resolution: the mlp ratio of one process varies from process to process by more than the
-run-to-run noise inside it (8 processes of one version, 12 rounds x 60 steps each: 1.135x to 1.157x on
+run-to-run noise inside it (16 processes of one version, 12 rounds x 60 steps each: 1.135x to 1.159x on
 a quiet 2-core machine). To compare two versions, alternate whole processes (A B B A ...) and
 compare the medians over processes; one process of each cannot resolve 0.01.
 
