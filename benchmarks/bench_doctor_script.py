@@ -26,7 +26,7 @@ the end-of-run checkup replay + the throughput measurement behind SLOW_LOW_PRECI
 Resolution: the mlp ratio of one process varies from process to process by more than the
 run-to-run noise inside it (16 processes of one version, 12 rounds x 60 steps each: 1.135x to 1.159x on
 a quiet 2-core machine). To compare two versions, alternate whole processes (A B B A ...) and
-compare the medians over processes; one process of each cannot resolve 0.01.
+compare the medians over processes (``bench_doctor_ab.py``); one process of each cannot resolve 0.01.
 
 Target (issue 4): an unproblematic script runs at most 1.5x slower under the doctor.
 Run: ``.venv/bin/python benchmarks/bench_doctor_script.py [--rounds N] [--steps N]``.
@@ -133,19 +133,28 @@ def observed(train: Loop, steps: int, times: list[tuple[float, float]]) -> None:
     finalize(ctx, measure_speed=False)
 
 
-def compare(name: str, train: Loop, rounds: int, steps: int, warmup: int) -> tuple[list[str], float, float]:
-    plain: list[tuple[float, float]] = []
-    watched: list[tuple[float, float]] = []
+Steps = list[tuple[float, float]]
+
+
+def measure(train: Loop, rounds: int, steps: int, warmup: int) -> tuple[Steps, Steps]:
+    """(plain, observed) step times of ``rounds`` alternating runs of each, warm-up steps dropped."""
+    plain: Steps = []
+    watched: Steps = []
     for r in range(rounds):
         order = [False, True] if r % 2 == 0 else [True, False]
         for with_doctor in order:
-            times: list[tuple[float, float]] = []
+            times: Steps = []
             if with_doctor:
                 observed(train, steps, times)
                 watched.extend(times[warmup:])
             else:
                 train(steps, times)
                 plain.extend(times[warmup:])
+    return plain, watched
+
+
+def compare(name: str, train: Loop, rounds: int, steps: int, warmup: int) -> tuple[list[str], float, float]:
+    plain, watched = measure(train, rounds, steps, warmup)
     rows, ratios = [], []
     for k, clock in ((0, "wall"), (1, "cpu")):
         p, w = [t[k] for t in plain], [t[k] for t in watched]
