@@ -44,12 +44,14 @@ def child(loop: str, rounds: int, steps: int, warmup: int) -> dict[str, float]:
 
 def _run(src: Path, args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run(
+    proc = subprocess.run(
         [sys.executable, __file__, "--child", "--loop", args.loop, "--rounds", str(args.rounds),
          "--steps", str(args.steps), "--warmup", str(args.warmup)],
-        env=env, check=True, capture_output=True, text=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+        env=env, capture_output=True, text=True,
+    )
+    if proc.returncode != 0:  # say which version failed and why, not only that a child did
+        raise SystemExit(f"the measuring process against {src} failed (exit {proc.returncode}):\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _summary(name: str, results: list[dict[str, float]]) -> str:

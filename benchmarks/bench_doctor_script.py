@@ -23,10 +23,9 @@ The end-to-end line runs the tinygpt loop as a script file through ``run_script`
 the end-of-run checkup replay + the throughput measurement behind SLOW_LOW_PRECISION) beside
 ``runpy.run_path`` of the same file.
 
-Resolution: the mlp ratio of one process varies from process to process by more than the
-run-to-run noise inside it (16 processes of one version, 12 rounds x 60 steps each: 1.135x to 1.159x on
-a quiet 2-core machine). To compare two versions, alternate whole processes (A B B A ...) and
-compare the medians over processes (``bench_doctor_ab.py``); one process of each cannot resolve 0.01.
+Resolution: the mlp ratio varies from one process to the next by more than the noise inside a
+process, so one process of each of two versions cannot tell them apart by 0.01; compare versions
+with ``bench_doctor_ab.py``, which alternates whole processes (its docstring has the figures).
 
 Target (issue 4): an unproblematic script runs at most 1.5x slower under the doctor.
 Run: ``.venv/bin/python benchmarks/bench_doctor_script.py [--rounds N] [--steps N]``.
