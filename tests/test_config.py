@@ -50,3 +50,9 @@ def test_config_engine_views_derive_from_it() -> None:
 def test_config_rejects_a_non_numeric_clip_grad_norm_by_name(clip: object) -> None:
     with pytest.raises(TypeError, match=r"MixedPrecision\(clip_grad_norm=.*\): must be a number > 0 .* or None"):
         ampkit.MixedPrecision("bf16", device="cpu", clip_grad_norm=clip)
+
+
+@pytest.mark.parametrize("rule", ["lm_head", torch.nn.LayerNorm])
+def test_config_bare_keep_fp32_rule_names_the_list_form(rule: object) -> None:
+    with pytest.raises(TypeError, match=r"keep_fp32=.*: give a list .*keep_fp32=\["):
+        EngineConfig(precision=Precision.parse("bf16", "cpu"), keep_fp32=rule)  # type: ignore[arg-type]

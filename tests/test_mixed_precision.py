@@ -72,3 +72,12 @@ def test_mixed_precision_with_telemetry_and_doctor_leaves_the_model_deep_copyabl
         twin(torch.randn(2, 4))
     assert mp.doctor is not None and mp.doctor._calls == []  # the copy's forward was not captured
     mp.close()
+
+
+def test_mixed_precision_none_keep_fp32_and_hooks_mean_none() -> None:
+    mp = MixedPrecision("bf16", device="cpu", keep_fp32=None, hooks=None)
+    assert mp.config.keep_fp32 == () and mp.hooks == ()
+    model = torch.nn.Linear(4, 2)
+    mp.prepare(model)
+    with mp.autocast():
+        assert model(torch.randn(2, 4)).dtype == torch.bfloat16  # nothing kept in fp32

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ampkit.fp8 import Fp8Filter, check_fp8_filter, describe_fp8_filter
-from ampkit.policy import KeepFp32Rule
+from ampkit.policy import KeepFp32Rule, check_keep_fp32
 from ampkit.precision import Precision
 
 __all__ = ["EngineConfig"]
@@ -39,7 +39,7 @@ class EngineConfig:
     clip_grad_norm: float | None = None
     """Max global L2 norm of the unscaled gradients, or None to not clip."""
     keep_fp32: tuple[KeepFp32Rule, ...] = ()
-    """Module name patterns or ``nn.Module`` types that run in fp32 (applied by ``prepare``)."""
+    """Module name patterns or ``nn.Module`` types that run in fp32 (applied by ``prepare``); None is taken as ()."""
     skip_nonfinite: bool = True
     """Skip steps whose gradients or loss hold inf/NaN even without loss scaling."""
     fp8_filter: Fp8Filter = ()
@@ -62,7 +62,7 @@ class EngineConfig:
             )
         if clip is not None and not clip > 0:
             raise ValueError(f"MixedPrecision(clip_grad_norm={clip!r}): must be > 0, or None to not clip")
-        object.__setattr__(self, "keep_fp32", tuple(self.keep_fp32))
+        object.__setattr__(self, "keep_fp32", check_keep_fp32(self.keep_fp32))
         object.__setattr__(self, "fp8_filter", check_fp8_filter(self.fp8_filter))
         if self.fp8_filter != () and not self.precision.is_fp8:
             raise ValueError(

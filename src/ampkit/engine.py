@@ -35,7 +35,7 @@ from ampkit._state import EngineState, check_engine_state
 from ampkit._util.nested import flatten_tensors
 from ampkit.config import EngineConfig
 from ampkit.fp8 import Fp8Converter, Fp8Filter
-from ampkit.policy import Fp32Policy, KeepFp32Rule
+from ampkit.policy import Fp32Policy, KeepFp32Rule, check_keep_fp32
 from ampkit.precision import Precision
 from ampkit.scaler import LossScaler, resolve_scaler
 
@@ -59,10 +59,10 @@ class Engine:
             fp16 and none for bf16/fp32.
         grad_accumulation: micro-batches per optimizer step.
         clip_grad_norm: max global L2 norm of the unscaled gradients, or None.
-        keep_fp32: module name patterns or types to run in fp32 (applied by ``prepare``).
+        keep_fp32: module name patterns or types to run in fp32 (applied by ``prepare``); None: none.
         skip_nonfinite: skip steps whose gradients hold inf/NaN even without loss scaling.
         fp8_filter: fp8 only, the Linear layers ``prepare`` converts (``ampkit.fp8``; docs/fp8.md).
-        hooks: ``EngineHook`` objects, attached in order with ``add_hook``.
+        hooks: ``EngineHook`` objects, attached in order with ``add_hook``; None: none.
 
     The configuration lives in ``config`` (an ``EngineConfig``); ``precision``, ``grad_accumulation``,
     ``clip_grad_norm`` and ``skip_nonfinite`` read from it.  ``fp8`` converts models in ``prepare``.
@@ -90,13 +90,13 @@ class Engine:
         scaler: LossScaler | str | None = None,
         grad_accumulation: int = 1,
         clip_grad_norm: float | None = None,
-        keep_fp32: Sequence[KeepFp32Rule] = (),
+        keep_fp32: Sequence[KeepFp32Rule] | None = (),
         skip_nonfinite: bool = True,
-        hooks: Sequence[_hooks.EngineHook] = (),
+        hooks: Sequence[_hooks.EngineHook] | None = (),
         fp8_filter: Fp8Filter = None,
     ) -> None:
         self.config = EngineConfig(precision=Precision.parse(precision, device), grad_accumulation=grad_accumulation,
-                                   clip_grad_norm=clip_grad_norm, keep_fp32=tuple(keep_fp32),
+                                   clip_grad_norm=clip_grad_norm, keep_fp32=check_keep_fp32(keep_fp32),
                                    skip_nonfinite=skip_nonfinite, fp8_filter=fp8_filter)
         self.fp8 = Fp8Converter(self.precision, keep_fp32=self.config.keep_fp32, fp8_filter=self.config.fp8_filter)
         self.device = self.precision.device
@@ -115,7 +115,7 @@ class Engine:
         self._hooks: list[_hooks.EngineHook] = []
         self._reducers: list[_hooks.EngineHook] = []
         self._closed = False
-        for hook in hooks:
+        for hook in hooks or ():  # None: no hooks
             self.add_hook(hook)
 
     # -- configuration (read from ``config``) ------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["Fp32Policy", "KeepFp32Rule", "keep_fp32", "release_fp32", "resolve_keep_fp32"]
+__all__ = ["Fp32Policy", "KeepFp32Rule", "check_keep_fp32", "keep_fp32", "release_fp32", "resolve_keep_fp32"]
 
 KeepFp32Rule = str | type[nn.Module]
 
@@ -63,6 +63,31 @@ class _Fp32Region:
         # Registered with always_call=True, so this runs even when forward raises.
         if self._stack:
             self._stack.pop().__exit__(None, None, None)
+
+
+def check_keep_fp32(value: Sequence[KeepFp32Rule] | None) -> tuple[KeepFp32Rule, ...]:
+    """``keep_fp32=`` as a tuple of rules: None means none; a bare pattern or type raises, naming the list form.
+
+    A bare string would otherwise be iterated as one-letter patterns, and a bare type is not iterable.
+
+    >>> check_keep_fp32(None), check_keep_fp32(["lm_head"])
+    ((), ('lm_head',))
+    >>> check_keep_fp32("lm_head")
+    Traceback (most recent call last):
+    ...
+    TypeError: keep_fp32='lm_head': give a list of module name patterns or nn.Module types, keep_fp32=['lm_head']
+    """
+    if value is None:
+        return ()
+    if isinstance(value, (str, type)):
+        shown = repr(value) if isinstance(value, str) else value.__name__
+        raise TypeError(f"keep_fp32={shown}: give a list of module name patterns or nn.Module types, "
+                        f"keep_fp32=[{shown}]")
+    try:
+        return tuple(value)
+    except TypeError:
+        raise TypeError(f"keep_fp32={value!r} ({type(value).__name__}) is not a list of module name patterns or "
+                        "nn.Module types; e.g. keep_fp32=['lm_head', nn.LayerNorm], or None for none") from None
 
 
 def keep_fp32(module: nn.Module, device_type: str | None = None) -> nn.Module:
