@@ -131,3 +131,31 @@ def test_engine_fp8_state_dict_round_trip_across_the_alias_is_bit_identical(seed
         resumed_mp.backward(loss)
         resumed_mp.step(resumed_opt)
     assert_same_training(uninterrupted[:2], (resumed, resumed_opt))
+
+
+def _converted_by_hand(recipe: str) -> nn.Module:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    return convert_to_float8_training(Fp8Net(), config=Float8LinearConfig.from_recipe_name(recipe))
+
+
+@pytest.mark.parametrize(("recipe", "precision", "fix"), [
+    ("rowwise", "fp8", r"MixedPrecision\('fp8-rowwise'\)"),
+    ("tensorwise", "fp8-rowwise", r"MixedPrecision\('fp8'\)"),
+    ("rowwise_with_gw_hp", "fp8", r"has no precision for it"),
+    ("rowwise_with_gw_hp", "fp8-rowwise", r"has no precision for it"),
+])
+def test_engine_fp8_prepare_refuses_a_model_converted_with_another_recipe(recipe: str, precision: str, fix: str) -> None:
+    mp = ampkit.MixedPrecision(precision, device="cpu")
+    model = _converted_by_hand(recipe)
+    with pytest.raises(ValueError, match=rf"(?s)precision={precision!r} trains torchao's .* recipe.*converted with "
+                                         rf"torchao's {recipe!r} recipe.*{fix}"):
+        mp.prepare(model)
+    assert mp.models == [], "nothing was prepared"
+
+
+def test_engine_fp8_prepare_accepts_a_model_converted_by_hand_with_its_recipe() -> None:
+    mp = ampkit.MixedPrecision("fp8-rowwise", device="cpu")
+    model = _converted_by_hand("rowwise")
+    assert mp.prepare(model) is model and mp.fp8.layers == ["fc1", "fc2", "head"]
+    assert mp.state_dict()["precision"] == "fp8-rowwise"

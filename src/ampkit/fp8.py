@@ -19,7 +19,7 @@ verify`` or ``ampkit doctor`` never imports it (about 2 s, and a few log lines, 
 ``_import_float8``).
 
 >>> import torch
->>> from ampkit.precision import Precision
+>>> from ampkit.precision import FP8_RECIPES, Precision
 >>> model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 >>> fp8_candidates(model, Precision.parse("fp8", "cpu"))
 ['0']
@@ -40,7 +40,7 @@ from torch import nn
 
 from ampkit._util.frames import UserFrames
 from ampkit.policy import KeepFp32Rule, resolve_keep_fp32
-from ampkit.precision import Precision
+from ampkit.precision import FP8_RECIPES, Precision
 
 __all__ = [
     "FP8_EXTRA",
@@ -240,6 +240,7 @@ class Fp8Converter:
         """
         if not self.enabled:
             return model
+        self._check_converted_recipe(model)
         if all_gather:
             self._check_all_gather(model)
         chosen = set(fp8_candidates(model, self.precision, keep_fp32=self.keep_fp32, fp8_filter=self.fp8_filter))
@@ -270,6 +271,39 @@ class Fp8Converter:
             )
         return model
 
+    def _check_converted_recipe(self, model: nn.Module) -> None:
+        """Refuse ``Float8Linear`` layers converted by hand with another recipe than the engine's.
+
+        Adopting their recipe would make the engine's precision (fixed at construction, recorded in
+        checkpoints, reports and the descriptor ranks compare) depend on the model; refusing keeps
+        one name for one recipe.  Only the casts are compared: ``emulate`` and the FSDP all-gather
+        follow the device and the sharding, not the recipe.
+        """
+        layers = fp8_layer_names(model)
+        if not layers:
+            return
+        f8 = _import_float8()  # already imported: the model holds its layers
+        want = self.precision.fp8_recipe
+        modules = dict(model.named_modules())
+        wrong = [n for n in layers if _recipe_of(f8, modules[n].config) != want]
+        if not wrong:
+            return
+        got = _recipe_of(f8, modules[wrong[0]].config)
+        name = self.precision.name
+        how = f"torchao's {got!r} recipe" if got else "a Float8LinearConfig that is none of torchao's named recipes"
+        unconverted = "or pass the model unconverted to mp.prepare, which converts it with the engine's recipe"
+        ours = {recipe: prec for prec, recipe in FP8_RECIPES.items()}
+        if got in ours:
+            fix = f"use MixedPrecision({ours[got]!r}) for this model, {unconverted}"
+        else:
+            listed = ", ".join(f"{prec!r} ({recipe})" for prec, recipe in FP8_RECIPES.items())
+            fix = f"ampkit has no precision for it (it trains {listed}); convert with one of those recipes, {unconverted}"
+        raise ValueError(
+            f"mp.prepare(model): precision={name!r} trains torchao's {want!r} recipe, but the model's Float8Linear "
+            f"layers {wrong[:4]} were converted with {how} (convert_to_float8_training by hand); training them "
+            f"under {name!r} would record {name!r} in checkpoints and reports for another recipe. To fix: {fix}"
+        )
+
     def _check_all_gather(self, model: nn.Module) -> None:
         if self.precision.fp8_recipe != "tensorwise":
             raise ValueError(
@@ -288,6 +322,19 @@ class Fp8Converter:
 
     def __repr__(self) -> str:
         return f"Fp8Converter({self.precision.name!r}, layers={len(self.layers)})"
+
+
+_CASTS = ("cast_config_input", "cast_config_input_for_grad_weight", "cast_config_weight",
+          "cast_config_weight_for_grad_input", "cast_config_grad_output", "cast_config_grad_output_for_grad_weight")
+
+
+def _recipe_of(f8: Any, config: Any) -> str | None:
+    """The name of torchao's recipe whose casts ``config`` has, or None for a config of its own."""
+    for recipe in f8.Float8LinearRecipeName:
+        named = f8.Float8LinearConfig.from_recipe_name(recipe)
+        if all(getattr(config, c) == getattr(named, c) for c in _CASTS):
+            return str(recipe.value)
+    return None
 
 
 def _require_torchao(precision: Precision) -> None:
