@@ -36,12 +36,28 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["global_grad_norm", "unscale_groups"]
+__all__ = ["global_grad_norm", "grad_values", "unscale_groups"]
+
+
+def grad_values(g: torch.Tensor) -> torch.Tensor:
+    """The values a gradient stands for: a strided tensor as it is; a sparse COO gradient's coalesced values
+    (duplicate indices summed, a copy); a compressed sparse one's (CSR, CSC, BSR, BSC: no duplicates) values.
+
+    Implicit zeros are not among them: a count of zeros adds ``g.numel()`` minus the values' count.
+
+    >>> grad_values(torch.sparse_coo_tensor(torch.tensor([[1, 1]]), torch.tensor([2.0, 3.0]), (3,), check_invariants=True))
+    tensor([5.])
+    """
+    if g.layout is torch.strided:
+        return g
+    if g.layout is torch.sparse_coo:
+        return g.coalesce()._values()
+    return g.values()
 
 
 def global_grad_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """``||concat(grads)||_2`` as a float32 scalar on the gradients' device (``grads`` must not be empty)."""
-    dense = [g.coalesce()._values() if g.is_sparse else g for g in grads]
+    dense = [grad_values(g) for g in grads]
     norms = torch._foreach_norm(dense)
     return torch.linalg.vector_norm(torch.stack([n.to(torch.float32) for n in norms]))
 

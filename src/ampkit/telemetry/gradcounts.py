@@ -40,6 +40,16 @@ def grads_of(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return [local_shard(p.grad) for p in params if p.grad is not None]
 
 
+def _identity(g: torch.Tensor) -> tuple[int, int]:
+    """(data pointer, version counter) of a gradient's memory.  A sparse gradient has no storage of its
+    own (``data_ptr`` raises): its values' memory stands for it, and an in-place change of a sparse
+    tensor bumps its version (and reallocates the values)."""
+    if g.layout is torch.strided:
+        return g.data_ptr(), g._version
+    values = g._values() if g.layout is torch.sparse_coo else g.values()
+    return values.data_ptr(), g._version
+
+
 class StepGradCounts:
     """Counts of one step at a time: ``before_clip`` (the engine's ``after_unscale``), then ``take``."""
 
@@ -59,7 +69,7 @@ class StepGradCounts:
     def before_clip(self, grads: list[torch.Tensor], step: int, *, engine_clips: bool) -> None:
         """Count now, or (CPU, no zero count, no clip by the engine) only note the gradients."""
         if self.counter.reads_free and not self.zero_step(step) and not engine_clips:
-            self._noted = [(g.data_ptr(), g._version) for g in grads]
+            self._noted = [_identity(g) for g in grads]
         else:
             self._counts = self.count(grads, step)
 
@@ -80,5 +90,5 @@ class StepGradCounts:
         # A non-finite norm is rare: count now if no one changed a gradient since the note (same
         # memory, same version counters).  A hook that did (a clip by value, a clip with a NaN
         # coefficient) leaves the count not measured (NaN: None in the record).
-        unchanged = len(noted) == len(grads) and all((g.data_ptr(), g._version) == n for n, g in zip(noted, grads))
+        unchanged = len(noted) == len(grads) and all(_identity(g) == n for n, g in zip(noted, grads))
         return self.counter.count(grads, zeros=False) if unchanged else (self._nan, self._nan)

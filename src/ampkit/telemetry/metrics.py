@@ -39,6 +39,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from ampkit._util.grads import grad_values
+
 __all__ = ["COL", "COLUMNS", "GradCounter", "MetricBuffer", "ModuleAbsmax", "reads_are_free"]
 
 COLUMNS = (
@@ -96,7 +98,7 @@ class GradCounter:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         apart: list[torch.Tensor] = []
         for g in grads:
-            if g.is_sparse or g.is_complex():
+            if g.layout is not torch.strided or g.is_complex():  # sparse gradients have no memory to pack
                 apart.append(g)
             else:
                 by_dtype.setdefault(g.dtype, []).append(g)
@@ -166,12 +168,13 @@ def reads_are_free(device: torch.device) -> bool:
 def _counts_apart(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(zeros, non-finite) of a sparse or complex gradient, counted apart from the packed chunks.
 
-    Sparse: its implicit zeros count as zeros; coalescing (a sort and a copy of the values) sums
-    duplicate indices first, as the optimizer will.  Complex: an element is zero when both parts
-    are and non-finite when either is (the float32 mask of the packed path would cast the complex
-    comparison, with a warning).  Both allocate their masks each step, for these gradients only.
+    Sparse (any layout): its implicit zeros count as zeros; a COO gradient is coalesced first (a sort
+    and a copy of the values) so duplicate indices are summed, as the optimizer will.  Complex: an
+    element is zero when both parts are and non-finite when either is (the float32 mask of the packed
+    path would cast the complex comparison, with a warning).  Both allocate their masks each step,
+    for these gradients only.
     """
-    values = g.coalesce().values() if g.is_sparse else g
+    values = grad_values(g)
     nonzero = torch.count_nonzero(values).to(dtype)
     nonfinite = torch.count_nonzero(~torch.isfinite(values)).to(dtype)
     return torch.stack([g.numel() - nonzero, nonfinite])
@@ -253,9 +256,18 @@ class ModuleAbsmax:
             cached = (torch.tensor(ids, dtype=torch.int64, device=self.device), sorted(set(ids)))
             self._index_cache[key] = cached
         index, present = cached
-        per_param = torch.stack(torch._foreach_max(torch._foreach_abs(list(grads)))).float()
+        if all(g.layout is torch.strided for g in grads):
+            per_param = torch.stack(torch._foreach_max(torch._foreach_abs(list(grads)))).float()
+        else:  # a sparse gradient: the max of its (coalesced) values, 0 when it has none (all implicit zeros)
+            per_param = torch.stack([_absmax(grad_values(g)) for g in grads])
         out = torch.full((len(self.names),), -math.inf, dtype=torch.float32, device=self.device)
         return out.scatter_reduce_(0, index, per_param, "amax", include_self=False), present
+
+
+def _absmax(values: torch.Tensor) -> torch.Tensor:
+    if not values.numel():
+        return torch.zeros((), dtype=torch.float32, device=values.device)
+    return values.detach().abs().max().float()
 
 
 class MetricBuffer:
