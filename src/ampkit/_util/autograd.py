@@ -10,6 +10,9 @@ cast is the output's sole consumer: with ``loss = out.float().sum() + 2 * out.su
 the cast sees 1.0 while ``out`` receives 3.0.  So a cast is reported only when the walk saw
 the entire loss-side graph and the cast is the output's one consumer there.
 
+The same loss-side walk tells which model outputs a backward reaches at all (``outputs_reached``): a
+forward that ran in another thread (an executor's worker) belongs to the step whose loss it feeds.
+
 Cost: a Python walk over at most ``limit`` autograd nodes, once per backward, on the doctor's
 path only (no tensor is touched).
 
@@ -38,7 +41,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["CAST_NODE", "backward_roots", "failing_node", "note_backward_roots", "sole_cast_consumers"]
+__all__ = ["CAST_NODE", "backward_roots", "failing_node", "note_backward_roots", "outputs_reached",
+           "sole_cast_consumers"]
 
 CAST_NODE = "ToCopyBackward0"
 """The autograd node of ``Tensor.to(dtype)`` / ``.float()`` / ``.half()`` (and autocast's casts)."""
@@ -52,12 +56,36 @@ def sole_cast_consumers(roots: Iterable[Any], outputs: Container[Any], limit: in
     graph has more than ``limit`` nodes nothing is returned, since an unseen consumer could
     make any cast's gradient partial.
     """
+    consumers = _output_consumers(roots, outputs, limit)
+    if consumers is None:
+        return {}  # a large loss-side graph: keep the outputs' own gradients only
+    return {out: nodes[0] for out, nodes in consumers.items()
+            if len(nodes) == 1 and type(nodes[0]).__name__ == CAST_NODE}
+
+
+def outputs_reached(roots: Iterable[Any], outputs: Container[Any], limit: int = 1024) -> set[Any]:
+    """Those of ``outputs`` (autograd nodes) that the graph under ``roots`` reaches, walking only the
+    loss side (the walk stops at ``outputs``); empty when that side has more than ``limit`` nodes.
+
+    >>> w = torch.ones(2, requires_grad=True)
+    >>> a, b = w * 2, w * 3
+    >>> outputs_reached([(a.float() ** 2).sum().grad_fn], {a.grad_fn, b.grad_fn}) == {a.grad_fn}
+    True
+    """
+    live = [r for r in roots if r is not None]
+    consumers = _output_consumers(live, outputs, limit)
+    return set() if consumers is None else {r for r in live if r in outputs} | consumers.keys()
+
+
+def _output_consumers(roots: Iterable[Any], outputs: Container[Any], limit: int) -> dict[Any, list[Any]] | None:
+    """``{output node: the nodes that consume it}`` over the loss-side graph under ``roots`` (breadth-first,
+    never entering ``outputs``); None when that graph has more than ``limit`` nodes."""
     queue = [r for r in roots if r is not None and r not in outputs]
     seen = set(queue)
     consumers: dict[Any, list[Any]] = {}
     while queue:
         if len(seen) > limit:
-            return {}  # a large loss-side graph: keep the outputs' own gradients only
+            return None
         node = queue.pop(0)
         for nxt, _ in node.next_functions:
             if nxt is None:
@@ -68,8 +96,7 @@ def sole_cast_consumers(roots: Iterable[Any], outputs: Container[Any], limit: in
             if nxt not in seen:
                 seen.add(nxt)
                 queue.append(nxt)
-    return {out: nodes[0] for out, nodes in consumers.items()
-            if len(nodes) == 1 and type(nodes[0]).__name__ == CAST_NODE}
+    return consumers
 
 
 _ROOTS_ATTR = "_ampkit_backward_roots"

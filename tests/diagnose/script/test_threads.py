@@ -1,6 +1,7 @@
 """A script that trains in two threads under ``ampkit doctor``: every thread's optimizer steps are
 counted, and the thread that got a non-finite batch is reported (autocast, the step and the forward
-in progress are per thread)."""
+in progress are per thread).  A forward run in a worker thread (an executor's, a plain thread's) is
+judged with the step of the thread that backpropagates its loss."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
+
+from ampkit.diagnose.script.runner import run_script
 
 # Two threads, each with its own model and optimizer, 30 steps each; the second one's 13th step gets
 # a batch holding inf.  The loops are written out twice so that each thread's forward has its own line.
@@ -131,3 +135,91 @@ def test_doctor_threads_worker_that_enters_autocast_itself_is_not_reported(tmp_p
     doc, proc = _doctor(tmp_path, source)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not [f for f in doc["findings"] if f["code"] == "AUTOCAST_INACTIVE"]
+
+
+# The model's forward runs in a worker thread (autocast entered there), the loss, backward and the
+# GradScaler's step in the main thread; step 21's batch holds an inf.  ``{pool}`` makes the executor.
+WORKER_FORWARD = """
+    import torch
+    from torch import nn
+    {imports}
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+
+
+    def forward(x):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(x)  # WORKER FORWARD
+
+
+    g = torch.Generator().manual_seed(0)
+    pool = {pool}
+    for step in range(30):
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+        if step == 20:
+            x[0, 0] = float("inf")
+        out = pool.submit(forward, x).result()
+        loss = nn.functional.mse_loss(out.float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+"""
+
+
+def _worker_input_finding(report: Any, source: str, script: Path) -> None:
+    """The NONFINITE_INPUT of step 21's batch, at the worker's forward, and the step counted by the main thread."""
+    [nonfinite] = [f for f in report.findings if f.code == "NONFINITE_INPUT" and f.evidence.get("input") == 0]
+    assert nonfinite.step == 21 and nonfinite.evidence["samples"] == [0]
+    assert nonfinite.location == f"{script}:{_line(source, 'WORKER FORWARD')}"
+    assert report.steps == 30
+
+
+def test_doctor_threads_forward_in_an_executor_worker_reports_the_workers_nonfinite_input(tmp_path: Path) -> None:
+    source = textwrap.dedent(WORKER_FORWARD.format(
+        imports="from concurrent.futures import ThreadPoolExecutor", pool="ThreadPoolExecutor(max_workers=2)"))
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    report = run_script(script, checkup=False, measure_speed=False)
+    _worker_input_finding(report, source, script)
+
+
+def test_doctor_threads_forward_in_a_thread_joined_before_the_backward_reports_its_nonfinite_input(
+        tmp_path: Path) -> None:
+    # A new plain thread per step, ended before the main thread backpropagates its output.
+    thread_per_call = "\n    ".join([
+        "import threading", "", "", "class ThreadPerCall:",
+        "    def submit(self, fn, *args):",
+        "        t = threading.Thread(target=lambda: setattr(self, 'out', fn(*args)))",
+        "        t.start(); t.join()",
+        "        return self", "",
+        "    def result(self):", "        return self.out"])
+    source = textwrap.dedent(WORKER_FORWARD.format(imports=thread_per_call, pool="ThreadPerCall()"))
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    report = run_script(script, checkup=False, measure_speed=False)
+    _worker_input_finding(report, source, script)
+
+
+def test_doctor_threads_executor_started_before_the_doctor_installs_is_observed(tmp_path: Path) -> None:
+    # The executor and its worker thread exist before the run (a library made them at import): the
+    # script reuses the same worker for every step.
+    (tmp_path / "early_pool.py").write_text(
+        "from concurrent.futures import ThreadPoolExecutor\nPOOL = ThreadPoolExecutor(max_workers=1)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import early_pool  # type: ignore[import-not-found]
+
+        early_pool.POOL.submit(lambda: None).result()  # its worker thread starts now
+        source = textwrap.dedent(WORKER_FORWARD.format(imports="import early_pool", pool="early_pool.POOL"))
+        script = tmp_path / "train.py"
+        script.write_text(source)
+        report = run_script(script, checkup=False, measure_speed=False)
+        _worker_input_finding(report, source, script)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("early_pool", None)
+        early_pool.POOL.shutdown()

@@ -15,6 +15,7 @@ carry hooks.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import types
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit._util.autograd import sole_cast_consumers
+from ampkit._util.autograd import outputs_reached, sole_cast_consumers
 from ampkit._util.modhooks import own_hook
 from ampkit._util.threads import PerThread, thread_values
 from ampkit._util.trees import leaves
@@ -67,6 +68,8 @@ class ModelWatch:
     ``on_root_forward(capture)`` is called for every root forward (the AMP observer checks the
     autocast state there); ``max_captures`` bounds how many micro-batches of one window are kept.
     A thread that trains has its own forward in progress, window of captures and step (``PerThread``).
+    A forward that ran in another thread (an executor's worker, a plain thread) whose loss is
+    backpropagated here joins this thread's window at that backward (``window``).
     """
 
     captures: PerThread[list[Capture]] = PerThread(list)
@@ -90,6 +93,10 @@ class ModelWatch:
         self.last: Capture | None = None
         self._global: list[Any] = []
         self._global_lock = threading.Lock()
+        self._windows: dict[int, tuple[threading.Thread, list[Capture]]] = {}
+        """Each thread's window (the ``captures`` list object) by thread ident, registered when it gets its
+        first capture; kept after the thread ended (a plain thread's forward, joined before the backward)
+        until the next backward took what feeds it (``window``)."""
 
     # -- installation ----------------------------------------------------------------------
     def set_discovery(self, on: bool) -> None:
@@ -266,9 +273,7 @@ class ModelWatch:
         for old in self.captures:
             if old.root is module:
                 old.grad_fns = []  # a new micro-batch: do not pin the previous forward's graph
-        if len(self.captures) >= self.max_captures:
-            self.captures.pop(0)
-        self.captures.append(cap)
+        self._keep(cap)
         self.last = cap
         self._on_root_forward(cap)
 
@@ -283,13 +288,13 @@ class ModelWatch:
         cap.entered_inside.append(marker)
 
     # -- backward -----------------------------------------------------------------------------
-    def on_backward(self, tensors: list[torch.Tensor], loss: torch.Tensor, scale: torch.Tensor | None) -> None:
-        """Attach the (unscaled) loss to this window's captures that have none, and hook each cast
-        that is an output's sole consumer on the way from ``tensors``, to keep the pre-cast gradient
-        (``ampkit._util.autograd.sole_cast_consumers``)."""
-        fresh = [c for c in self.captures if c.loss is None]
+    def on_backward(self, tensors: list[torch.Tensor], loss: torch.Tensor, scale: torch.Tensor | None) -> list[Capture]:
+        """Attach the (unscaled) loss to this window's captures that have none (other threads' that feed
+        ``tensors`` included, ``window``) and return them; hook each cast that is an output's sole consumer
+        on the way from ``tensors``, to keep the pre-cast gradient (``ampkit._util.autograd.sole_cast_consumers``)."""
+        fresh = self.window(tensors)
         if not fresh or not tensors:
-            return
+            return fresh
         for c in fresh:
             c.loss = loss.detach()
             c.scale = scale
@@ -302,6 +307,49 @@ class ModelWatch:
         for out_node, cast in sole_cast_consumers([t.grad_fn for t in tensors], targets).items():
             cap, i = targets[out_node]
             cast.register_prehook(_PreCastSink(cap, i))
+        return fresh
+
+    def window(self, tensors: list[torch.Tensor]) -> list[Capture]:
+        """This thread's captures not yet backpropagated, after taking over those of other threads whose
+        outputs ``tensors`` (a loss) depends on: a model's forward run in a worker thread (a
+        ``ThreadPoolExecutor``'s, created before the doctor or after, reused across submits; a plain
+        thread's) belongs to the step of the thread that backpropagates its loss and steps.  Cost: a scan
+        of the other threads' windows; only when one holds a forward awaiting backward, a walk of the
+        loss-side graph (``outputs_reached``, at most 1024 nodes)."""
+        me = threading.get_ident()
+        foreign: dict[Any, tuple[Capture, list[Capture]]] = {}
+        ended: list[tuple[int, threading.Thread]] = []
+        others = len(self._windows) - (me in self._windows)  # usually 0: one thread forwards and steps
+        for ident, (thread, window) in list(self._windows.items()) if others else ():
+            if ident == me:
+                continue
+            for cap in list(window):
+                if cap.loss is None:
+                    foreign.update((fn, (cap, window)) for fn in cap.grad_fns if fn is not None)
+            if not thread.is_alive():
+                ended.append((ident, thread))
+        if foreign:
+            # The walk also stops at this thread's own outputs, so it never enters a model's graph.
+            own = {fn for cap in self.captures for fn in cap.grad_fns if fn is not None}
+            reached = outputs_reached([t.grad_fn for t in tensors], foreign.keys() | own)
+            for cap, window in {id(foreign[fn][0]): foreign[fn] for fn in reached if fn in foreign}.values():
+                with contextlib.suppress(ValueError):  # its own thread let it go meanwhile
+                    window.remove(cap)
+                    cap.step = self.step
+                    self._keep(cap)
+        for ident, thread in ended:  # what this backward did not take from a thread that ended, none will
+            if self._windows.get(ident, (None,))[0] is thread:
+                del self._windows[ident]
+        return [c for c in self.captures if c.loss is None]
+
+    def _keep(self, cap: Capture) -> None:
+        """Add ``cap`` to this thread's window (the oldest goes beyond ``max_captures``)."""
+        window = self.captures
+        if not window:  # once per window: a thread's list object stays the same (new_window clears it)
+            self._windows[threading.get_ident()] = (threading.current_thread(), window)
+        if len(window) >= self.max_captures:
+            window.pop(0)
+        window.append(cap)
 
     def new_window(self) -> None:
         """The optimizer stepped: the captured batches belong to the past."""

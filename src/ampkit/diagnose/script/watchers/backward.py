@@ -36,12 +36,11 @@ class BackwardWatch(Watcher):
         self.calls += 1
         self.scalers.backwards_since_update += 1
         scaled = self.scalers.scaled_source(flat[0])
-        window = [c for c in self.state.models.captures if c.loss is None]
-        low = {c.low_precision for c in window} - {None}
         loss = scaled.loss if scaled is not None else flat[0]
+        window = self.state.models.on_backward(flat, loss, scaled.scale if scaled is not None and scaled.enabled else None)
+        low = {c.low_precision for c in window} - {None}
         mine = thread_values(self)  # per-step: writes with no Python frame
         mine._scaled_now = scaled is not None and scaled.enabled and scaled.kind == "torch"
-        self.state.models.on_backward(flat, loss, scaled.scale if scaled is not None and scaled.enabled else None)
         if torch.float16 in low and (scaled is None or not scaled.enabled):
             self.fp16_unscaled.append(self.state.step)
             self.state.ledger.add(

@@ -108,7 +108,8 @@ class ScalerWatch(Watcher):
             if enabled:
                 info.used += 1
                 self._check_scaled(outputs, out, scale_t)
-                lows = {c.low_precision for c in self.state.models.captures if c.loss is None}
+                lows = {c.low_precision for c in self.state.models.window(
+                    [t for t in leaves(out) if isinstance(t, torch.Tensor)])}
                 info.saw_bf16 |= torch.bfloat16 in lows
                 info.saw_fp16 |= torch.float16 in lows
             return out
