@@ -127,3 +127,34 @@ def test_keep_fp32_survives_deepcopy_and_each_copy_is_released_alone() -> None:
     release_fp32(twin[1])
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(x).dtype == torch.float32 and twin(x).dtype == torch.bfloat16
+
+
+def test_policy_second_engine_refuses_a_model_whose_modules_another_engine_keeps() -> None:
+    net = Net()
+    first = ampkit.MixedPrecision("bf16", device="cpu", keep_fp32=["blocks.0"])
+    first.prepare(net)
+    second = ampkit.MixedPrecision("bf16", device="cpu", keep_fp32=["lm_head"])
+    with pytest.raises(ValueError, match=r"(?s)\['blocks\.0'\] .*keep_fp32=\['blocks\.0'\] of another engine.*"
+                                         r"keep_fp32=\['lm_head'\].*\.release\(model\)"):
+        second.prepare(net)
+    assert getattr(net.lm_head, "_ampkit_keep_fp32", None) is None, "the refused prepare changed nothing"
+    first.release(net)
+    second.prepare(net)
+    with second.autocast():
+        net(torch.randn(2, 8))
+    assert net.blocks[0].seen["ff_out"] == torch.bfloat16, "the first engine's hooks are gone"
+
+
+def test_policy_same_rules_or_same_engine_prepare_again_as_before() -> None:
+    net = Net()
+    keep_fp32(net.blocks[1].norm, "cpu")  # kept by hand: no engine's business
+    first = ampkit.MixedPrecision("bf16", device="cpu", keep_fp32=["blocks.0"])
+    first.prepare(net)
+    first.prepare(net)
+    again = ampkit.MixedPrecision("bf16", device="cpu", keep_fp32=["blocks.*"])  # keeps blocks.0 too
+    again.prepare(net)
+    again.release(net)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net(torch.randn(2, 8))
+    assert net.blocks[0].seen["ff_out"] == torch.bfloat16, "the engine that prepared last released blocks.0"
+    assert getattr(net.blocks[1].norm, "_ampkit_keep_fp32", None) is not None, "a module kept by hand stays kept"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ampkit.fp8 import Fp8Filter, check_fp8_filter, describe_fp8_filter
-from ampkit.policy import KeepFp32Rule, check_keep_fp32
+from ampkit.policy import KeepFp32Rule, check_keep_fp32, rule_names
 from ampkit.precision import Precision
 
 __all__ = ["EngineConfig"]
@@ -74,7 +74,7 @@ class EngineConfig:
     @property
     def keep_fp32_names(self) -> list[str]:
         """The keep-fp32 rules as strings (a type by its qualified name), for JSON and messages."""
-        return [r if isinstance(r, str) else f"{r.__module__}.{r.__qualname__}" for r in self.keep_fp32]
+        return rule_names(self.keep_fp32)
 
     def describe(self) -> dict[str, Any]:
         """The configuration as JSON-able values (what ``repr`` shows and ranks must agree on)."""

@@ -30,7 +30,13 @@ from torch import nn
 
 from ampkit import _boundary
 from ampkit import hooks as _hooks
-from ampkit._guards import check_no_closure, check_optimizer, check_param, no_gradients_error
+from ampkit._guards import (
+    check_backward_loss,
+    check_no_closure,
+    check_optimizer,
+    check_param,
+    no_gradients_error,
+)
 from ampkit._state import EngineState, check_engine_state
 from ampkit._util.nested import flatten_tensors
 from ampkit.config import EngineConfig
@@ -205,6 +211,7 @@ class Engine:
         """Check ``model``, convert it for fp8, apply keep-fp32; returns the model to train (fp8: maybe a new one)."""
         for name, p in model.named_parameters():
             check_param(p, where=f"parameter {name!r}", device=self.device, scaled=self.scaler.enabled)
+        self.policy.check_unshared(model)
         model = self.fp8.convert(model)
         self.policy.apply(model)
         if all(m is not model for m in self.models):
@@ -212,6 +219,14 @@ class Engine:
             for hook in self._hooks:
                 hook.on_prepare(self, model)
         return model
+
+    def release(self, model: nn.Module) -> list[str]:
+        """Remove the keep-fp32 hooks this engine's ``prepare`` put on ``model``; returns the module names.
+
+        Before another engine prepares the same model (it refuses modules this one keeps and it does
+        not).  ``close`` leaves them: a model is often evaluated after training.
+        """
+        return self.policy.release(model)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """``model.no_sync()`` inside an accumulation window for DDP models, else a null context."""
@@ -235,7 +250,8 @@ class Engine:
                 "forward ops chose, so autocast gains nothing here and may cast more; move the "
                 "backward call out of the `with mp.autocast():` block",
             )
-        scaled, _ = self._scale_leaves(loss, "mp.backward(loss)")
+        seeded = backward_kwargs.get("gradient" if isinstance(loss, torch.Tensor) else "grad_tensors") is not None
+        scaled, _ = self._scale_leaves(loss, "mp.backward(loss)", seeded=seeded)
         if isinstance(loss, torch.Tensor):
             scaled[0].backward(**backward_kwargs)
         else:
@@ -253,8 +269,10 @@ class Engine:
         """
         return self._scale_leaves(loss, "mp.scale_loss(loss)")[1]
 
-    def _scale_leaves(self, loss: Any, call: str) -> tuple[list[torch.Tensor], Any]:
+    def _scale_leaves(self, loss: Any, call: str, *, seeded: bool | None = None) -> tuple[list[torch.Tensor], Any]:
         leaves, rebuild = flatten_tensors(loss, call=call)
+        if seeded is not None:  # mp.backward: a loss backward would refuse is refused before any hook sees it
+            check_backward_loss(leaves, seeded=seeded)
         for leaf in leaves:
             # One call per tensor, as if each had its own mp.backward: hooks see tensors only.
             for hook in self._hooks:

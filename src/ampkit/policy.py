@@ -9,8 +9,10 @@ every sub-module too, the policy applies to exactly the modules named.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import fnmatch
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,7 +20,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["Fp32Policy", "KeepFp32Rule", "check_keep_fp32", "keep_fp32", "release_fp32", "resolve_keep_fp32"]
+__all__ = ["Fp32Policy", "KeepFp32Rule", "check_keep_fp32", "keep_fp32", "release_fp32", "resolve_keep_fp32",
+           "rule_names"]
 
 KeepFp32Rule = str | type[nn.Module]
 
@@ -65,6 +68,32 @@ class _Fp32Region:
             self._stack.pop().__exit__(None, None, None)
 
 
+def rule_names(rules: Iterable[KeepFp32Rule]) -> list[str]:
+    """The rules as strings (a type by its qualified name), for JSON and messages."""
+    return [r if isinstance(r, str) else f"{r.__module__}.{r.__qualname__}" for r in rules]
+
+
+class _Kept:
+    """What ``keep_fp32`` leaves on a module: its hook handles and, when an engine's policy applied
+    it, that policy (weakly) and its rules, so that a second engine can tell whose hooks they are.
+
+    A deep copy (an EMA or best-model copy) keeps the owner: its hooks are that engine's rules too.
+    """
+
+    def __init__(self, handles: list[RemovableHandle], owner: Fp32Policy | None) -> None:
+        self.handles = handles
+        self.owner: weakref.ReferenceType[Fp32Policy] | None = weakref.ref(owner) if owner is not None else None
+        self.rules: list[str] = rule_names(owner.rules) if owner is not None else []
+
+    def owned_by_another(self, policy: Fp32Policy) -> bool:
+        return self.owner is not None and self.owner() is not policy
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Kept:
+        twin = _Kept(copy.deepcopy(self.handles, memo), None)
+        twin.owner, twin.rules = self.owner, list(self.rules)
+        return twin
+
+
 def check_keep_fp32(value: Sequence[KeepFp32Rule] | None) -> tuple[KeepFp32Rule, ...]:
     """``keep_fp32=`` as a tuple of rules: None means none; a bare pattern or type raises, naming the list form.
 
@@ -101,7 +130,15 @@ def keep_fp32(module: nn.Module, device_type: str | None = None) -> nn.Module:
     ...     norm(torch.randn(2, 4, dtype=torch.bfloat16)).dtype
     torch.float32
     """
-    if getattr(module, _ATTR, None) is not None:
+    return _keep(module, device_type, None)
+
+
+def _keep(module: nn.Module, device_type: str | None, owner: Fp32Policy | None) -> nn.Module:
+    kept = getattr(module, _ATTR, None)
+    if kept is not None:
+        if owner is not None and isinstance(kept, _Kept) and kept.owned_by_another(owner):
+            # Another engine's module that this one keeps too: this engine owns it from now on.
+            kept.owner, kept.rules = weakref.ref(owner), rule_names(owner.rules)
         return module
     if device_type is None:
         param = next(module.parameters(), None)
@@ -111,16 +148,16 @@ def keep_fp32(module: nn.Module, device_type: str | None = None) -> nn.Module:
         module.register_forward_pre_hook(region.pre_hook, with_kwargs=True),
         module.register_forward_hook(region.post_hook, with_kwargs=True, always_call=True),
     ]
-    setattr(module, _ATTR, handles)
+    setattr(module, _ATTR, _Kept(handles, owner))
     return module
 
 
 def release_fp32(module: nn.Module) -> None:
     """Undo ``keep_fp32(module)``."""
-    handles = getattr(module, _ATTR, None)
-    if handles is None:
+    kept = getattr(module, _ATTR, None)
+    if kept is None:
         return
-    for h in handles:
+    for h in kept.handles if isinstance(kept, _Kept) else kept:
         h.remove()
     delattr(module, _ATTR)
 
@@ -175,6 +212,39 @@ class Fp32Policy:
         names = resolve_keep_fp32(model, self.rules) if self.rules else []
         modules = dict(model.named_modules())
         for name in names:
-            keep_fp32(modules[name], self.device_type)
+            _keep(modules[name], self.device_type, self)
         self.applied = names
         return names
+
+    def check_unshared(self, model: nn.Module) -> None:
+        """Raise when ``model`` has modules kept in fp32 by another engine's policy that this one does not keep.
+
+        Their hooks would stay in force under this engine, whose rules do not say so.  Modules kept
+        by hand (``keep_fp32(module)``) are the user's and pass; so do those this policy keeps too.
+        """
+        mine = set(resolve_keep_fp32(model, self.rules)) if self.rules else set()
+        foreign = [(name, kept) for name, m in model.named_modules()
+                   if isinstance(kept := getattr(m, _ATTR, None), _Kept) and kept.owned_by_another(self)
+                   and name not in mine]
+        if not foreign:
+            return
+        names = [name for name, _ in foreign]
+        rules = foreign[0][1].rules
+        raise ValueError(
+            f"mp.prepare(model): the modules {names[:6]} run in fp32 under keep_fp32={rules} of another engine that "
+            f"prepared this model, and this engine (keep_fp32={rule_names(self.rules)}) does not keep them; their "
+            "hooks would stay in force. Release them first with that engine's .release(model) (if it is gone: "
+            "ampkit.policy.release_fp32(model.get_submodule(name)) for each), or add them to this engine's keep_fp32"
+        )
+
+    def release(self, model: nn.Module) -> list[str]:
+        """Remove the hooks this policy put on ``model``'s modules; returns their names, in model order."""
+        released = []
+        for name, m in model.named_modules():
+            kept = getattr(m, _ATTR, None)
+            if isinstance(kept, _Kept) and kept.owner is not None and kept.owner() is self:
+                release_fp32(m)
+                released.append(name)
+        if released:
+            self.applied = [n for n in self.applied if n not in released]
+        return released
