@@ -23,6 +23,7 @@ from ampkit._util.dtypes import dtype_name
 
 __all__ = [
     "check_amp_step",
+    "check_backward_loss",
     "check_eps",
     "check_no_closure",
     "check_optimizer",
@@ -65,6 +66,31 @@ def check_optimizer(opt: torch.optim.Optimizer, *, device: torch.device, scaled:
         eps = group.get("eps")
         if isinstance(eps, float):
             check_eps(opt, eps, {p.dtype for p in group["params"]})
+
+
+def check_backward_loss(leaves: Sequence[torch.Tensor], *, seeded: bool) -> None:
+    """Raise, before any hook or engine state sees them, for losses backward would refuse.
+
+    Torch refuses them only inside ``backward``, after the hooks recorded the loss (telemetry would
+    count a loss that trained nothing) and after the engine noted a NaN one (the next good step would
+    be skipped for it).  ``seeded``: the call passes explicit gradients (``gradient=`` /
+    ``grad_tensors=``), so a loss need not be a scalar.  Attribute reads only: no kernel, no sync.
+    """
+    for i, leaf in enumerate(leaves):
+        what = "loss" if len(leaves) == 1 else f"loss tensor {i} (depth first)"
+        if not leaf.requires_grad:
+            raise RuntimeError(
+                f"mp.backward(loss): the {what} needs no gradient (requires_grad=False, no grad_fn), so "
+                "there is nothing to train through it; nothing was recorded or changed. Compute the loss "
+                "from the model's output outside torch.no_grad() and without .detach() (or .item()), or "
+                "do not pass a loss that trains nothing to mp.backward"
+            )
+        if not seeded and leaf.numel() != 1:
+            raise RuntimeError(
+                f"mp.backward(loss): the {what} has shape {tuple(leaf.shape)}, but backward without explicit "
+                "gradients needs a scalar (one element); nothing was recorded or changed. Reduce it "
+                "first (loss.mean() or loss.sum())"
+            )
 
 
 def no_gradients_error(opts: Sequence[torch.optim.Optimizer]) -> RuntimeError:
