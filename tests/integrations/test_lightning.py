@@ -404,3 +404,42 @@ def test_ampkit_callback_doctor_replays_training_step_that_calls_self_model(capl
     nan = [f for f in callback.findings if f.code == "FORWARD_NAN"]
     assert nan and nan[0].module == "standardize" and nan[0].severity == "error" and nan[0].step == 1
     assert nan[0].evidence["replay_reason"] == "non-finite loss"
+
+
+class Deep(pl.LightningModule):
+    """Three Linear layers trained by SGD: a NaN in the data makes every weight NaN at its step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self(x).float(), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_ampkit_callback_doctor_reports_an_applied_nan_step_once_with_its_origin(
+        caplog: pytest.LogCaptureFixture) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(12, 8, generator=g), torch.randn(12, 1, generator=g)
+    x[5, 3] = math.nan  # row 1 of the second batch
+    callback = AmpkitCallback(doctor=True)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, precision="bf16-mixed",
+                         callbacks=[callback])
+    module = Deep()
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="ampkit.doctor"):
+        warnings.filterwarnings("ignore", message=".*(num_workers|LeafSpec|LOSS_NONFINITE).*")
+        trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=4))
+    assert not all(bool(torch.isfinite(p).all()) for p in module.parameters())  # Lightning applied the NaN step
+    doctor = [f for f in callback.findings if f.evidence.get("replay_reason")]
+    assert [(f.code, f.step, f.module) for f in doctor] == [("NONFINITE_INPUT", 2, "model.0")]
+    assert doctor[0].evidence["nan_rows"] == [1] and doctor[0].evidence["consequence_steps"] == [3]
+    assert len([r for r in caplog.records if r.getMessage().startswith("ampkit doctor: step")]) == 1

@@ -96,6 +96,11 @@ class LoopDoctor:
         result = StepResult(boundary=True, found_inf=found_inf, scale=scale, optimizer_step=step)
         self.doctor.after_step(self._as_engine, result, [])
 
+    def before_update(self, step: int, scale: torch.Tensor | None) -> None:
+        """Step ``step``'s gradients are ready and the framework has not applied them: on the CPU a failing
+        step is replayed now, on the weights it ran with (``ReplayDoctor.before_update``)."""
+        self.doctor.before_update(step, None, scale)
+
     def record_loss(self, loss: torch.Tensor) -> None:
         """The loss the framework backpropagates, when the model's forward does not return it.
 

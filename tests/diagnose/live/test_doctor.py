@@ -258,3 +258,18 @@ def test_live_doctor_non_scalar_loss_with_a_gradient_is_checked_and_replayed() -
         skipped.append(mp.step(optimizer).skipped)
     assert skipped[1] and not skipped[2]
     assert mp.doctor is not None and "CAST_OVERFLOW" in {f.code for f in mp.doctor.findings}
+
+
+def test_replay_of_an_applied_nan_step_names_the_data_once(caplog: pytest.LogCaptureFixture) -> None:
+    # skip_nonfinite=False: the optimizer applies step 2's NaN gradients, so steps 3 and 4 fail because of it.
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True, skip_nonfinite=False)
+    mp.prepare(model)
+    with caplog.at_level("WARNING", logger="ampkit.doctor"):
+        _train(model, mp, _batches(4, nan_at=1), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert not all(bool(torch.isfinite(p).all()) for p in model.parameters())  # the step was applied
+    (f,) = mp.doctor.findings
+    assert (f.code, f.step, f.module) == ("NONFINITE_INPUT", 2, "0")
+    assert f.evidence["nan_rows"] == [1]
+    assert f.evidence["consequence_steps"] == [3, 4]
+    assert len([r for r in caplog.records if "NONFINITE_INPUT" in r.getMessage()]) == 1

@@ -40,10 +40,16 @@ outputs (for a language model, batch × sequence × vocabulary floats), so ``rep
 on demand.  ``keep_last=False`` drops a healthy step's capture at its boundary instead (then
 ``replay()`` only has a step that failed).
 
-Replay timing: when the failing step was skipped, its parameters are still those the step
-ran with when the doctor learns of the failure on the CPU (it decides in ``after_step``);
-on an accelerator the decision can arrive one step later, and the replay then runs with the
-parameters of that later step (recorded as ``evidence.params_from_step``).
+Replay timing: the replay must run on the weights the failing step used.  On the CPU the
+flag is read before the optimizer step (``before_optimizer_step``; a framework's loop calls
+``before_update``), so a failing step is replayed before its update, even when the update is
+applied (no loss scaling and ``skip_nonfinite=False``, or a framework's bf16 loop); on an
+accelerator the decision arrives at ``after_step`` or later, and the replay runs with the
+parameters of then (recorded as ``evidence.params_from_step``: the optimizer steps taken).
+
+One cause, one finding: once a replay reported an error, a later failing step whose weights
+are already non-finite is its consequence — it is not replayed, and its step is added to that
+finding's ``evidence.consequence_steps``.
 """
 
 from __future__ import annotations
@@ -51,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,44 +69,31 @@ from ampkit._util.host import HostCopy
 from ampkit._util.modhooks import own_hook
 from ampkit.diagnose.core.display import sort_findings
 from ampkit.diagnose.core.modules import float_tensors
-from ampkit.diagnose.live.findings import scale_collapse_finding, seed_finding
+from ampkit.diagnose.live.capture import (
+    Call,
+    GradKeeper,
+    StepCapture,
+    WideKeeper,
+    failure_flag,
+    replay_program,
+    scale_value,
+)
+from ampkit.diagnose.live.findings import (
+    fold_consequence,
+    scale_collapse_finding,
+    seed_finding,
+    weights_nonfinite,
+)
 from ampkit.findings import Finding, loss_in_low_precision
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.step.programs import OutputGradProgram
     from ampkit.diagnose.step.result import DiagnosisResult
     from ampkit.engine import Engine
 
 __all__ = ["ReplayDoctor"]
 
 log = logging.getLogger("ampkit.doctor")
-
-
-@dataclass
-class _Call:
-    """One captured forward call of a prepared model."""
-
-    model: nn.Module
-    args: tuple
-    kwargs: dict[str, Any]
-    rng_cpu: torch.Tensor
-    rng_accel: torch.Tensor | None
-    autocast: tuple[str, torch.dtype, bool]
-    grads: list[torch.Tensor | None] = field(default_factory=list)
-    wide: list[torch.Tensor | None] = field(default_factory=list)
-    """Per output: the gradient before the cast that consumed it (fp32), when there is one."""
-
-
-@dataclass
-class _StepCapture:
-    step: int
-    calls: list[_Call]
-    losses: list[torch.Tensor]
-    scale: float | torch.Tensor
-    grad_accumulation: int
-    has_found_inf: bool = False
-    flag: HostCopy | None = None
 
 
 class ReplayDoctor(EngineHook):
@@ -129,17 +121,21 @@ class ReplayDoctor(EngineHook):
         self.replays = 0
         """Automatic replays run so far."""
         self._hooked: dict[int, list[RemovableHandle]] = {}
-        self._calls: list[_Call] = []
+        self._calls: list[Call] = []
         self._losses: list[torch.Tensor] = []
-        self._last: _StepCapture | None = None
-        self._pending: list[_StepCapture] = []
+        self._last: StepCapture | None = None
+        self._pending: list[StepCapture] = []
         self._replaying = False
         self._scaling_ok = False
         self._loss_reported = False
         self._warned_unprepared = False
-        self._out_nodes: dict[Any, tuple[_Call, int]] = {}
+        self._out_nodes: dict[Any, tuple[Call, int]] = {}
         self._depth = 0
         """Hooked models running now: a call made inside another is part of the outer one's replay."""
+        self._early: StepCapture | None = None
+        """The step decided before its update (``before_update``), closed at its ``after_step``."""
+        self._origin: Finding | None = None
+        """The first error of the last replay that found one: later failures on non-finite weights fold into it."""
 
     # -- engine hooks ------------------------------------------------------------------------
     @override
@@ -176,26 +172,38 @@ class ReplayDoctor(EngineHook):
             self._hook_casts(loss.grad_fn)
 
     @override
+    def before_optimizer_step(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer],
+                              found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        self.before_update(engine.optimizer_steps + 1, found_inf, engine.scale)
+
+    def before_update(self, step: int, found_inf: torch.Tensor | None, scale: torch.Tensor | float | None) -> None:
+        """Step ``step``'s gradients are ready and the optimizer has not applied them yet.
+
+        On the CPU (the flag costs no wait) a failing step is replayed now, on the weights it ran
+        with: once an unchecked update has applied its NaN, a replay would see only non-finite
+        weights.  Otherwise nothing happens here, and ``after_step`` decides.
+        """
+        if self._replaying or self._early is not None or self._bound().device.type != "cpu" or not self._calls:
+            return
+        flag = failure_flag(found_inf, self._losses)
+        flags = flag.tolist() if flag is not None else []
+        if not any(flags):
+            return  # healthy so far; after_step decides with the step's final found_inf
+        scale = scale.detach().clone() if isinstance(scale, torch.Tensor) else scale  # updated in place later
+        self._early = self._close(step, scale, found_inf)
+        self._decide(self._early, flags)
+
+    @override
     def after_step(self, engine: Engine, result: StepResult, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         if self._replaying:
             return
-        cap = _StepCapture(step=result.optimizer_step, calls=self._calls, losses=self._losses,
-                           scale=result.scale if result.scale is not None else 1.0,
-                           grad_accumulation=engine.grad_accumulation)
-        self._calls, self._losses = [], []
-        self._out_nodes = {}
-        self._last = cap
-        parts = []
-        if result.found_inf is not None:
-            cap.has_found_inf = True
-            parts.append(result.found_inf.reshape(1) > 0)
-        if cap.losses:
-            # A loss may be non-scalar (mp.backward(out, gradient=...)): every element must be finite.
-            finite = torch.stack([torch.isfinite(x).all() for x in cap.losses])
-            parts.append((~finite).any().reshape(1))
-        if not parts:
+        if self._early is not None:  # decided (and replayed) before its update
+            self._early, self._calls, self._losses, self._out_nodes = None, [], [], {}
             return
-        flag = torch.cat([p.to(parts[0].device) for p in parts])
+        cap = self._close(result.optimizer_step, result.scale, result.found_inf)
+        flag = failure_flag(result.found_inf, cap.losses)
+        if flag is None:
+            return
         if flag.device.type == "cpu":
             # Free: CPU kernels have already run, so reading the flag waits for nothing.
             self._decide(cap, flag.tolist())
@@ -203,6 +211,17 @@ class ReplayDoctor(EngineHook):
         cap.flag = HostCopy(flag)  # queued behind the step's kernels; read once it has landed
         self._pending.append(cap)
         self._poll()
+
+    def _close(self, step: int, scale: torch.Tensor | float | None, found_inf: torch.Tensor | None) -> StepCapture:
+        """The capture of step ``step``, which becomes the last one; a new one begins."""
+        cap = StepCapture(step=step, calls=self._calls, losses=self._losses,
+                           scale=scale if scale is not None else 1.0, grad_accumulation=self._bound().grad_accumulation,
+                           has_found_inf=found_inf is not None, models=list({id(c.model): c.model
+                                                                             for c in self._calls}.values()))
+        self._calls, self._losses = [], []
+        self._out_nodes = {}
+        self._last = cap
+        return cap
 
     def _bound(self) -> Engine:
         if self.engine is None:
@@ -235,7 +254,7 @@ class ReplayDoctor(EngineHook):
             self._poll()
         dev = self._bound().device
         accel = torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
-        self._calls.append(_Call(
+        self._calls.append(Call(
             model=module, args=args, kwargs=kwargs, rng_cpu=torch.get_rng_state(), rng_accel=accel,
             autocast=(dev.type, torch.get_autocast_dtype(dev.type), torch.is_autocast_enabled(dev.type)),
         ))
@@ -249,7 +268,7 @@ class ReplayDoctor(EngineHook):
         call.grads = [None] * len(outs)
         call.wide = [None] * len(outs)
         for i, t in enumerate(outs):
-            t.register_hook(_GradKeeper(call.grads, i))
+            t.register_hook(GradKeeper(call.grads, i))
             if t.grad_fn is not None:
                 self._out_nodes[t.grad_fn] = (call, i)
 
@@ -257,7 +276,7 @@ class ReplayDoctor(EngineHook):
         """Pre-hook the casts that are a captured output's sole consumer (``ampkit._util.autograd``)."""
         for out_node, cast in sole_cast_consumers([root], self._out_nodes).items():
             call, i = self._out_nodes[out_node]
-            cast.register_prehook(_WideKeeper(call.wide, i))
+            cast.register_prehook(WideKeeper(call.wide, i))
 
     # -- deciding and replaying --------------------------------------------------------------------
     def _poll(self) -> None:
@@ -269,12 +288,17 @@ class ReplayDoctor(EngineHook):
             assert cap.flag is not None
             self._decide(cap, cap.flag.tolist())
 
-    def _decide(self, cap: _StepCapture, flags: list[bool]) -> None:
+    def _decide(self, cap: StepCapture, flags: list[bool]) -> None:
         skipped = bool(flags[0]) if cap.has_found_inf else False
         loss_bad = bool(flags[-1]) if cap.losses else False
         if not (skipped or loss_bad):
             if not self.keep_last and self._last is cap:
                 self._last = None
+            return
+        if self._origin is not None and weights_nonfinite(cap.models):
+            self._origin = fold_consequence(self.findings, self._origin, cap.step)
+            log.debug("ampkit doctor: step %d failed on weights made non-finite before it: folded into %s of "
+                      "step %s", cap.step, self._origin.code, self._origin.step)
             return
         if not loss_bad and self._scaling_ok:
             return  # another overflow of ordinary dynamic loss scaling, already explained
@@ -299,16 +323,16 @@ class ReplayDoctor(EngineHook):
             return []
         found = self._run(cap, reason)
         if reason == "SCALE_COLLAPSE":
-            collapse = scale_collapse_finding(found, cap.step, _scale_value(cap))
+            collapse = scale_collapse_finding(found, cap.step, scale_value(cap))
             self.findings.append(collapse)
             found = sort_findings([collapse, *found])
         return found
 
-    def _run(self, cap: _StepCapture, reason: str) -> list[Finding]:
+    def _run(self, cap: StepCapture, reason: str) -> list[Finding]:
         from ampkit.diagnose.step.api import diagnose_program
         from ampkit.diagnose.step.session import RngSnapshot, Session
 
-        scale = _scale_value(cap)
+        scale = scale_value(cap)
         effective = scale / cap.grad_accumulation  # the factor the captured output gradients carry
         found: list[Finding] = []
         self._replaying = True
@@ -320,7 +344,7 @@ class ReplayDoctor(EngineHook):
         clean.enter_context(torch.autocast(engine.device.type, enabled=False))
         try:
             for call in cap.calls:
-                program, seed_finite = _program(call, effective)
+                program, seed_finite = replay_program(call, effective)
                 session = Session(call.model, program, engine.precision,
                                   rng=RngSnapshot(engine.device, cpu=call.rng_cpu, accel=call.rng_accel))
                 try:
@@ -347,58 +371,20 @@ class ReplayDoctor(EngineHook):
                       if x.dtype in (torch.float16, torch.bfloat16)})
         if low and not self._loss_reported:
             self._loss_reported = True
-            message, fix = loss_in_low_precision(low[0], scale=_scale_value(cap))
+            message, fix = loss_in_low_precision(low[0], scale=scale_value(cap))
             found.append(Finding(code="LOSS_IN_LOW_PRECISION", severity="warning", message=message, fix=fix,
                                  step=cap.step, evidence={"loss_dtype": low[0]}))
         found = sort_findings(found)
         self.findings.extend(found)
+        self._origin = next((f for f in found if f.severity == "error"), self._origin)
         _log(cap.step, reason, found)
         return found
-
-
-class _GradKeeper:
-    """Tensor hook that keeps a reference to the gradient an output received (no copy)."""
-
-    __slots__ = ("index", "slots")
-
-    def __init__(self, slots: list[torch.Tensor | None], index: int) -> None:
-        self.slots, self.index = slots, index
-
-    def __call__(self, grad: torch.Tensor) -> None:
-        self.slots[self.index] = grad
-
-
-class _WideKeeper(_GradKeeper):
-    """Autograd-node pre-hook: keeps the gradient arriving at a cast, before it is narrowed."""
-
-    def __call__(self, grad_outputs: Any) -> None:  # type: ignore[override]
-        self.slots[self.index] = grad_outputs[0]
-
-
-def _program(call: _Call, effective: float) -> tuple[OutputGradProgram, bool]:
-    """The replay of one captured call, and whether the gradient its outputs received was finite.
-
-    Non-finite seed entries are zeroed (or replaced by a mean's gradient), as the script doctor does:
-    the replayed backward then shows whether the forward itself goes non-finite.  Host reads: replay only.
-    """
-    from ampkit.diagnose.step.programs import OutputGradProgram, usable_seed
-
-    grads = [w if w is not None else g for g, w in zip(call.grads, call.wide)] or call.grads
-    seed_finite = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
-    program = OutputGradProgram(call.args, call.kwargs, [usable_seed(g, effective) for g in grads],
-                                loss_scale=effective, autocast=call.autocast)
-    return program, seed_finite
 
 
 def _with_context(f: Finding, reason: str, now: int) -> Finding:
     from dataclasses import replace
 
     return replace(f, evidence={**f.evidence, "replay_reason": reason, "params_from_step": now})
-
-
-def _scale_value(cap: _StepCapture) -> float:
-    # A host read of a 0-d tensor, on the replay path only.
-    return float(cap.scale) if isinstance(cap.scale, (int, float)) else float(cap.scale.item())
 
 
 def _log(step: int, reason: str, findings: list[Finding]) -> None:

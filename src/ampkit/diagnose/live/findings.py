@@ -1,6 +1,9 @@
-"""The live doctor's own findings: a non-finite gradient seed, and a classified scale collapse."""
+"""The live doctor's own findings: a non-finite gradient seed, a classified scale collapse, and the
+folding of a failure's consequences into the finding of its cause."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -9,7 +12,10 @@ from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_module
 from ampkit.findings import SCALE_COLLAPSE_CAUSES, Finding
 
-__all__ = ["scale_collapse_finding", "seed_finding"]
+__all__ = ["fold_consequence", "scale_collapse_finding", "seed_finding", "weights_nonfinite"]
+
+MAX_CONSEQUENCE_STEPS = 32
+"""Steps listed in ``evidence.consequence_steps``; later ones are counted in ``consequences`` only."""
 
 
 def seed_finding(losses: list[torch.Tensor], model: nn.Module, step: int, scale: float) -> Finding:
@@ -66,3 +72,26 @@ def scale_collapse_finding(found: list[Finding], step: int, scale: float) -> Fin
         location=top.location if top is not None else None, step=step,
         evidence={"cause": cause, "scale": scale},
     )
+
+
+def weights_nonfinite(models: list[nn.Module]) -> bool:
+    """Whether any parameter of ``models`` holds inf/NaN (one host read; the failure path only)."""
+    params = [p for m in models for p in m.parameters()]
+    return bool(params) and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+
+
+def fold_consequence(findings: list[Finding], origin: Finding, step: int) -> Finding:
+    """Record failing step ``step`` as a consequence of ``origin`` (replaced in ``findings``); returns the new one.
+
+    A step that fails on weights an earlier failure already made non-finite shows nothing new: its
+    replay would report every parameter again.
+    """
+    steps = list(origin.evidence.get("consequence_steps", []))
+    if len(steps) < MAX_CONSEQUENCE_STEPS:
+        steps.append(step)
+    count = int(origin.evidence.get("consequences", 0)) + 1
+    folded = replace(origin, evidence={**origin.evidence, "consequence_steps": steps, "consequences": count})
+    for i, f in enumerate(findings):
+        if f is origin:
+            findings[i] = folded
+    return folded

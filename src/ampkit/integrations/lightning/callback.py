@@ -18,7 +18,9 @@ Without a scaler the stock plugins call ``optimizer.step(closure)``: forward and
 the step, and the observer begins the step's record when its gradients are ready.  With
 ``doctor=True`` the live doctor captures the inputs of the LightningModule's own forward
 (``self(x)`` in ``training_step``), or of a child module with trainable parameters that
-``training_step`` calls directly (``self.model(x)``), and the loss given to ``on_before_backward``.
+``training_step`` calls directly (``self.model(x)``), and the loss given to ``on_before_backward``;
+on the CPU it decides at ``on_before_optimizer_step``, so a failing step is replayed before
+Lightning applies it.
 
 Its state (step count, the alarms' running state) is in the checkpoint (``state_dict``).
 """
@@ -119,9 +121,13 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
                                  optimizer: torch.optim.Optimizer) -> None:
         # A fused optimizer's gradients still carry the scale here (it unscales inside step);
         # the observer's optimizer pre-hook records those.
-        if self.watcher is not None and not (self._view.active and getattr(optimizer, "_step_supports_amp_scaling",
-                                                                           False)):
+        if self.watcher is None:
+            return
+        if not (self._view.active and getattr(optimizer, "_step_supports_amp_scaling", False)):
             self.watcher.observer.grads_ready()
+        if self.watcher.doctor is not None:
+            # Before the update: without a scaler Lightning applies a NaN step, and a replay after it sees NaN weights.
+            self.watcher.doctor.before_update(self.watcher.observer.optimizer_steps + 1, self._view.scale())
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
