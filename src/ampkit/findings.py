@@ -93,7 +93,7 @@ CODES: dict[Code, Severity] = {
     "UNSCALE_ORDER_ERROR": "error",
     "ACCUMULATION_SCALE_CHANGE": "error",
     "SCHEDULER_STEPPED_ON_SKIP": "warning",
-    "CHECKPOINT_MISSING_SCALER": "error",
+    "CHECKPOINT_MISSING_SCALER": "warning",
     "STALE_WEIGHT_CACHE": "error",
     "AUTOCAST_INACTIVE": "warning",
     "SLOW_LOW_PRECISION": "warning",

@@ -36,7 +36,7 @@ from transformers import TrainerCallback
 from typing_extensions import override
 
 from ampkit._util.io import atomic_replace
-from ampkit.findings import Finding
+from ampkit.findings import CODES, Finding
 from ampkit.integrations.accelerate import Watcher, accelerate_precision, strategy_of, unwrap
 
 __all__ = ["STATE_FILE", "AmpkitCallback"]
@@ -144,7 +144,7 @@ class AmpkitCallback(TrainerCallback):
         self.resumed = {"checkpoint": folder, "saved_scale": saved.get("scale"), "scale": now}
         if saved.get("scale") is not None and saved["scale"] != now:
             watcher.add_finding(Finding(
-                code="CHECKPOINT_MISSING_SCALER", severity="error",
+                code="CHECKPOINT_MISSING_SCALER", severity=CODES["CHECKPOINT_MISSING_SCALER"],
                 message=(f"the run resumed from {folder} with loss scale {now} but was saved with "
                          f"{saved['scale']}: the GradScaler's state did not survive the resume, so the scale "
                          "re-calibrates from its initial value (skipped steps, or underflow if it restarts low)"),
