@@ -104,3 +104,26 @@ def test_the_scripts_traceback_goes_from_its_line_into_torch_without_ampkit(
     assert f'File "{script}", line 5, in <module>' in err
     assert library_file in err
     assert "ampkit" not in err.split("Traceback (most recent call last):")[1].split("\n\n")[0]
+
+
+def test_an_explained_exception_still_prints_the_scripts_traceback_before_the_explanation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # An fp16 batch meets the fp32 model outside autocast: DTYPE_MISMATCH explains it, and the user
+    # still sees where their script raised.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+
+        def forward(model, x):
+            return model(x)
+
+        model = torch.nn.Linear(4, 4)
+        forward(model, torch.randn(2, 4).half())
+    """))
+    report = run_script(script, checkup=False, measure_speed=False)
+    err = capsys.readouterr().err
+    assert report.exit_status == 1 and "DTYPE_MISMATCH" in [f.code for f in report.findings]
+    trace = err.index("Traceback (most recent call last):")
+    assert err.index(f'File "{script}", line 8, in <module>') > trace
+    assert err.index(f'File "{script}", line 5, in forward') > trace
+    assert err.index("(explained below)") > err.index("RuntimeError: ", trace)

@@ -348,14 +348,14 @@ class _Runner:
             if finding is not None:
                 self.explained.append(finding)
                 explained = True
+        # The script's own traceback first, explained or not: its frames are where the user looks.
+        print_user_traceback(exc, self.code, self._patches.wrapped)
         if explained:
             print(f"ampkit doctor: the script raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                   " (explained below)", file=sys.stderr)
             last = self.ctx.models.last
             if last is not None and _raised_inside(exc.__traceback__, last.root):
                 self._replay(last, "exception", self.ctx.step)
-        else:
-            print_user_traceback(exc, self.code, self._patches.wrapped)
 
 
 def _in_model(f: Finding, root: Any, models: ModelWatch) -> Finding:

@@ -1,4 +1,5 @@
-"""The traceback of a script's unexplained exception, as Python would print it for the script.
+"""The traceback of a script's exception, as Python would print it for the script (printed whether or
+not the doctor explains the exception: the explanation follows it).
 
 Two kinds of frames would not be there without the doctor, and both are left out:
 
