@@ -30,6 +30,8 @@ TORCH_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
 CAST_METHODS = {"half": "fp16", "bfloat16": "bf16"}
 """Tensor/module methods that cast to a low-precision dtype when called without arguments."""
 
+_TEST_FRAMEWORKS = ("pytest", "unittest", "torch.testing")
+
 AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"})
 LEGACY_AUTOCAST = {
     "torch.cuda.amp.autocast": "cuda", "torch.cuda.amp.autocast_mode.autocast": "cuda",
@@ -85,6 +87,13 @@ class FileContext:
         for scope in self.flow.scopes:
             for site in scope.calls:
                 yield scope, site
+
+    @cached_property
+    def is_test_file(self) -> bool:
+        """The file imports a test framework (pytest, unittest, torch.testing): a test runs eager,
+        backward inside autocast or a device fixed by its parameters on purpose, and a wrong answer
+        fails the test itself, so the rules about training code leave it alone."""
+        return any(target is not None and target.startswith(_TEST_FRAMEWORKS) for target in self.flow.imports.values())
 
     @cached_property
     def parents(self) -> dict[int, ast.AST]:

@@ -102,17 +102,9 @@ def amp117(ctx: FileContext) -> Iterator[Hit]:
                                 "model = torch.compile(mp.prepare(model))"))
     # The loop that trains is where compile belongs; a helper module that only converts is not
     # judged, nor is a test, which runs eager on purpose (it checks numerics, not speed).
-    if found and not _compiles(ctx) and not _is_test_file(ctx) \
+    if found and not _compiles(ctx) and not ctx.is_test_file \
             and any(is_backward_call(ctx, s.node) for _, s in ctx.calls()):  # type: ignore[arg-type]
         yield from found
-
-
-_TEST_FRAMEWORKS = ("pytest", "unittest", "torch.testing")
-
-
-def _is_test_file(ctx: FileContext) -> bool:
-    return any(target is not None and (target in _TEST_FRAMEWORKS or target.startswith(_TEST_FRAMEWORKS))
-               for target in ctx.flow.imports.values())
 
 
 def _optimizer_step(ctx: FileContext, call: ast.Call, scope: Scope) -> bool:
