@@ -97,6 +97,10 @@ class Flow:
     imports: dict[str, str | None]
     """Local name -> fully qualified name it was imported as; None when imported ambiguously."""
     import_nodes: list[ast.Import | ast.ImportFrom]
+    relative: dict[str, str | None] = field(default_factory=dict)
+    """Local name -> the dotted name a relative import gave it, without the leading dots
+    (``from .clip_grad import dispatch_clip_grad``: ``clip_grad.dispatch_clip_grad``); kept apart
+    from ``imports`` because the package it is relative to is unknown."""
 
 
 def build_flow(tree: ast.Module) -> Flow:
@@ -256,8 +260,14 @@ class _Walker:
                     top = alias.name.partition(".")[0]
                     _record(table, top, top)
             return
-        if stmt.level or not stmt.module:
-            return  # relative imports: the package is unknown here
+        if stmt.level:
+            for alias in stmt.names:  # relative imports: the package is unknown here
+                if alias.name != "*":
+                    _record(flow.relative, alias.asname or alias.name,
+                            f"{stmt.module}.{alias.name}" if stmt.module else alias.name)
+            return
+        if not stmt.module:
+            return
         for alias in stmt.names:
             if alias.name != "*":
                 _record(table, alias.asname or alias.name, f"{stmt.module}.{alias.name}")

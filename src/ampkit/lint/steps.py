@@ -70,6 +70,14 @@ def is_clip(ctx: FileContext, call: ast.Call) -> bool:
     if is_torch_clip(ctx, call):
         return True
     func = call.func
+    key = expr_key(func)
+    head, dot, rest = (key or "").partition(".")
+    relative = ctx.flow.relative.get(head)
+    if relative is not None and head not in ctx.flow.imports \
+            and any(helper.endswith("." + relative + dot + rest) for helper in CLIP_HELPERS):
+        # from .clip_grad import dispatch_clip_grad (timm's own modules): the package is unknown,
+        # so the dotted tail must end one of the known helpers' names.
+        return True
     if isinstance(func, ast.Name) and func.id not in ctx.flow.imports:
         return func.id in clip_helpers(ctx)
     return ctx.qualname(func) in CLIP_HELPERS
