@@ -7,7 +7,15 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ampkit.lint.astutil import call_arg, const_bool, expr_key, has_star_kwargs, last_name, name_or_str
+from ampkit.lint.astutil import (
+    call_arg,
+    const_bool,
+    const_str,
+    expr_key,
+    has_star_kwargs,
+    last_name,
+    name_or_str,
+)
 from ampkit.lint.context import FileContext
 from ampkit.lint.core import Hit, rule
 from ampkit.lint.rules.releases import before_release
@@ -185,9 +193,48 @@ def amp110(ctx: FileContext) -> Iterator[Hit]:
         assert isinstance(call, ast.Call)
         if (not call.args and not call.keywords and ctx.qualname(call.func) == "torch.is_autocast_enabled"
                 and not before_release(ctx, call, (2, 4), lambda c: bool(c.args or c.keywords)
-                                       and ctx.qualname(c.func) == "torch.is_autocast_enabled")):
+                                       and ctx.qualname(c.func) == "torch.is_autocast_enabled")
+                and not _cuda_known(ctx, call) and not (ctx.is_test_file and _in_assert(ctx, call))):
             yield call, ("torch.is_autocast_enabled() without a device answers for CUDA only (False "
                          "under CPU/XPU/MPS autocast); pass the device: torch.is_autocast_enabled(x.device.type)")
+
+
+def _cuda_known(ctx: FileContext, node: ast.AST) -> bool:
+    """True in the branch of a device test that leaves CUDA: the body of ``if x.device.type ==
+    "cuda"`` (or ``!= "cpu"``), the ``else`` of ``if x.device.type == "cpu"`` (whose body asks
+    ``is_autocast_cpu_enabled()``).  The device-less query answers for CUDA, which is right there."""
+    parents = ctx.parents
+    child, parent = node, parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+            in_body = child is parent.body or (isinstance(parent.body, list) and any(s is child for s in parent.body))
+            device = _tested_device(parent.test)
+            if device is not None and (device == ("cuda", in_body) or device == ("cpu", not in_body)):
+                return True
+        child, parent = parent, parents.get(id(parent))
+    return False
+
+
+def _tested_device(test: ast.expr) -> tuple[str, bool] | None:
+    """``(device, equal)`` for ``<device expression> == / != "<device>"``: ``x.device.type == "cpu"``
+    is ``("cpu", True)``; None for any other test."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.NotEq))):
+        return None
+    left, right = test.left, test.comparators[0]
+    literal = const_str(right) if const_str(right) is not None else const_str(left)
+    other = left if const_str(right) is not None else right
+    if literal is None or "device" not in (expr_key(other) or ast.unparse(other)):
+        return None
+    return literal.partition(":")[0], isinstance(test.ops[0], ast.Eq)
+
+
+def _in_assert(ctx: FileContext, node: ast.AST) -> bool:
+    # A test pins its device through its parameters (RunIf(min_cuda_gpus=1)); a query asserted
+    # there fails the test when it answers for the wrong device, it never changes what runs.
+    parent = ctx.parents.get(id(node))
+    while parent is not None and not isinstance(parent, ast.stmt):
+        parent = ctx.parents.get(id(parent))
+    return isinstance(parent, ast.Assert)
 
 
 _LOADERS = frozenset({"torch.load", "torch.serialization.load"})
@@ -211,9 +258,38 @@ def amp113(ctx: FileContext) -> Iterator[Hit]:
                 continue  # may be passed through **kwargs: cannot decide
             yield call, ("torch.load without weights_only=True unpickles arbitrary code from the file "
                          "(the default before torch 2.6); pass weights_only=True")
-        elif const_bool(flag) is False:
+        # An explicit weights_only=False is a choice written where a reviewer sees it: a full
+        # checkpoint (config, trainer, RNG state) needs it.  It is reported only where it is needless
+        # or undoes a safe load: the result goes straight into load_state_dict (tensors, which
+        # weights_only=True loads), or it retries a weights_only=True load that raised.
+        elif const_bool(flag) is False and _feeds_load_state_dict(ctx, call):
+            yield call, ("torch.load(weights_only=False) of a state dict unpickles arbitrary code for nothing: "
+                         "load_state_dict takes tensors, which weights_only=True loads; pass weights_only=True")
+        elif const_bool(flag) is False and _retries_safe_load(ctx, call):
             yield call, ("torch.load(weights_only=False) unpickles arbitrary code from the file; "
                          "load tensors and state dicts with weights_only=True")
+
+
+def _feeds_load_state_dict(ctx: FileContext, call: ast.Call) -> bool:
+    parent = ctx.parents.get(id(call))
+    return (isinstance(parent, ast.Call) and call in parent.args and isinstance(parent.func, ast.Attribute)
+            and parent.func.attr == "load_state_dict")
+
+
+def _retries_safe_load(ctx: FileContext, call: ast.Call) -> bool:
+    """``call`` is in an ``except`` of a ``try`` that loads with ``weights_only=True``: it unpickles
+    exactly the files the safe load refused."""
+    parents = ctx.parents
+    parent = parents.get(id(call))
+    while parent is not None:
+        if isinstance(parent, ast.ExceptHandler):
+            body = getattr(parents.get(id(parent)), "body", [])
+            if any(isinstance(n, ast.Call) and ctx.qualname(n.func) in _LOADERS
+                   and const_bool(call_arg(n, None, "weights_only")) is True
+                   for stmt in body for n in ast.walk(stmt)):
+                return True
+        parent = parents.get(id(parent))
+    return False
 
 
 RULES = (amp101, amp109, amp110, amp113)
