@@ -32,6 +32,7 @@ __all__ = [
     "Finding",
     "Severity",
     "accelerate_fp16_off",
+    "autocast_setting",
     "loss_in_low_precision",
     "mixed_precision_off",
     "nonfinite_input",
@@ -231,12 +232,14 @@ def scheduler_stepped_on_skip(count: int, first: int) -> tuple[str, str]:
     return message, fix
 
 
-def mixed_precision_off(requested: str, actual: str, reason: str, turn_on: str) -> tuple[str, str]:
+def mixed_precision_off(requested: str, actual: str, reason: str, turn_on: str, *,
+                        dtype: str | None = None) -> tuple[str, str]:
     """MIXED_PRECISION_OFF's message and fix: mixed precision the code asked for is not in effect.
 
     ``requested`` names what asked for it (the object and where it was built, or a framework's
     setting), ``actual`` what ran instead, ``reason`` why it is off, and ``turn_on`` how to turn
-    on what the code already has (not how to add something new).
+    on what the code already has (not how to add something new).  ``dtype`` (``fp16``/``bf16``)
+    names the precision asked for, when another one ran instead (then the fix does not offer fp32).
 
     >>> message, fix = mixed_precision_off(
     ...     "TrainingArguments(fp16=True)", "the model trained in fp32",
@@ -247,18 +250,40 @@ def mixed_precision_off(requested: str, actual: str, reason: str, turn_on: str) 
     >>> fix.startswith("pass bf16=True") and fix.endswith("training in fp32 is intended")
     True
     """
-    message = f"{requested} asks for mixed precision, but it is not in effect: {reason}. What ran: {actual}"
-    fix = f"{turn_on}; or remove the request if training in fp32 is intended"
+    asked = f"{dtype} mixed precision" if dtype else "mixed precision"
+    message = f"{requested} asks for {asked}, but it is not in effect: {reason}. What ran: {actual}"
+    fix = turn_on if dtype else f"{turn_on}; or remove the request if training in fp32 is intended"
     return message, fix
 
 
-def accelerate_fp16_off(device: str) -> tuple[str, str]:
+def accelerate_fp16_off(device: str, bf16: str = "bf16=True / mixed_precision='bf16'") -> tuple[str, str]:
     """Why fp16 asked of Accelerate (``TrainingArguments(fp16=True)``, ``mixed_precision='fp16'``) trains in
     fp32 on ``device`` without an accelerator, and how to turn mixed precision on: MIXED_PRECISION_OFF's
-    ``reason`` and ``turn_on``, for the integrations and for ``ampkit doctor SCRIPT``."""
+    ``reason`` and ``turn_on``, for the integrations and for ``ampkit doctor SCRIPT``.  ``bf16``: the setting
+    that asks for bf16 where the request was made.
+
+    >>> accelerate_fp16_off("cpu", "Accelerator(mixed_precision='bf16')")[1]
+    "run on a GPU, or ask for bf16 instead (Accelerator(mixed_precision='bf16')), which runs on CPU"
+    """
+    # Accelerate 1.x and transformers 5.x say nothing at all (not even at debug verbosity).
     return (f"Accelerate enables fp16 autocast and its GradScaler only on an accelerator (CUDA, XPU, ...) and this "
-            f"run is on {device}, so it trains in fp32 with only a log line saying so",
-            "run on a GPU, or ask for bf16 instead (bf16=True / mixed_precision='bf16'), which runs on CPU")
+            f"run is on {device}, so it trains in fp32 without a warning or a log line saying so",
+            f"run on a GPU, or ask for bf16 instead ({bf16}), which runs on CPU")
+
+
+def autocast_setting(framework: str | None) -> str:
+    """The setting that turns autocast on in ``framework`` (``Trainer``: Hugging Face's, ``Lightning``,
+    ``Accelerate``; None: a plain loop), for the fixes that tell the user to keep fp32 weights and let
+    autocast cast per op.
+
+    >>> autocast_setting("Lightning")
+    "Trainer(precision='bf16-mixed' / '16-mixed')"
+    >>> autocast_setting(None)
+    'torch.autocast'
+    """
+    return {"Trainer": "TrainingArguments(bf16=True / fp16=True)",
+            "Lightning": "Trainer(precision='bf16-mixed' / '16-mixed')",
+            "Accelerate": "Accelerator(mixed_precision='bf16' / 'fp16')"}.get(framework or "", "torch.autocast")
 
 
 _SIGNIFICANT_BITS = {"fp16": 11, "bf16": 8}

@@ -30,6 +30,15 @@ def test_preflight_reports_bf16_trainable_params_with_their_names() -> None:
     assert found[0].evidence["examples"] == ["0.weight", "0.bias"] and found[0].evidence["dtypes"] == ["bf16"]
 
 
+def test_preflight_low_precision_params_fix_names_the_frameworks_own_precision_setting() -> None:
+    fixes = {framework: preflight(requested="bf16", actual="bf16", model=_model(torch.bfloat16),
+                                  framework=framework)[0].fix
+             for framework in ("Lightning", "Accelerate", "Trainer")}
+    assert "Trainer(precision='bf16-mixed'" in fixes["Lightning"] and "bf16=True" not in fixes["Lightning"]
+    assert "Accelerator(mixed_precision='bf16'" in fixes["Accelerate"] and "bf16=True" not in fixes["Accelerate"]
+    assert "TrainingArguments(bf16=True" in fixes["Trainer"]
+
+
 def test_preflight_reports_a_scaler_used_with_bf16() -> None:
     found = preflight(requested="bf16", actual="bf16", model=_model(), scaler=torch.amp.GradScaler("cpu"))
     assert [f.code for f in found] == ["SCALER_WITH_BF16"]

@@ -30,7 +30,13 @@ import torch
 from torch import nn
 
 from ampkit._util.dtypes import dtype_name
-from ampkit.findings import BF16_NEEDS_NO_SCALER, LOW_PRECISION_UPDATES_LOST, Finding, mixed_precision_off
+from ampkit.findings import (
+    BF16_NEEDS_NO_SCALER,
+    LOW_PRECISION_UPDATES_LOST,
+    Finding,
+    autocast_setting,
+    mixed_precision_off,
+)
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["PrecisionInEffect", "preflight"]
@@ -119,6 +125,6 @@ def _low_params(model: nn.Module | None, optimizers: Sequence[torch.optim.Optimi
                  f"{LOW_PRECISION_UPDATES_LOST}; a model loaded from a bf16/fp16 checkpoint keeps that dtype (transformers v5 "
                  "keeps the checkpoint's dtype by default)"),
         fix=("load the weights in fp32 (from_pretrained(..., dtype=torch.float32), or model.float()) and let "
-             "mixed precision (bf16=True / fp16=True, autocast) cast them per op"),
+             f"mixed precision ({autocast_setting(framework)}) cast them per op"),
         evidence={"low_precision_params": len(low), "params": len(trainable), "dtypes": dtypes, "examples": shown},
     )]

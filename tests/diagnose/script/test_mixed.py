@@ -96,6 +96,13 @@ def test_mixed_precision_off_reports_no_autocast_region_when_only_a_setting_asks
     assert "dtype = 'bfloat16'" in f.message and f.evidence["flags"] == {"dtype": "bfloat16"}
 
 
+def test_mixed_precision_off_does_not_count_a_disabled_scaler_as_a_request() -> None:
+    ctx = observe(lambda: _train(lambda: torch.amp.GradScaler("cpu", enabled=False), None))
+    report_mixed_precision_off(ctx, {"dtype": "bfloat16"})  # nanoGPT: GradScaler(enabled=dtype == 'float16')
+    (f,) = _off(ctx)
+    assert "GradScaler" not in f.message and "dtype = 'bfloat16'" in f.message
+
+
 def test_mixed_precision_off_stays_silent_when_the_scripts_own_switches_are_off() -> None:
     ctx = observe(lambda: _train(lambda: torch.amp.GradScaler("cpu", enabled=False), "off"))
     assert ctx.ledger.findings() == []

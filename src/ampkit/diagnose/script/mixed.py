@@ -178,11 +178,13 @@ def report_mixed_precision_off(ctx: Context, flags: Mapping[str, str]) -> None:
         for info in ctx.scalers.infos:
             if info.off_reason() in _OFF_BY_DEVICE:
                 _scaler_off(ctx, info, trained, device)
-    if trained == "fp32" and not ctx.ledger.has("AUTOCAST_INACTIVE"):
-        if ctx.frameworks.requests:
+    if ctx.frameworks.requests:
+        if trained == "fp32" and not ctx.ledger.has("AUTOCAST_INACTIVE"):
             _framework_off(ctx, device)
-        else:
-            _no_autocast(ctx, flags, device)
+        elif trained == "mixed":
+            _framework_other_dtype(ctx)
+    elif trained == "fp32" and not ctx.ledger.has("AUTOCAST_INACTIVE"):
+        _no_autocast(ctx, flags, device)
 
 
 def _fp32_actual(forwards: int) -> str:
@@ -238,7 +240,8 @@ def _no_autocast(ctx: Context, flags: Mapping[str, str], device: str) -> None:
     unentered = [a for k, a in built.items() if a.requested and (k not in watch.requests or not
                                                                  watch.requests[k].entered)]
     switched_off = [a for a in built.values() if not a.requested]
-    asked = [f"a {i.built_as} built at {i.location}" for i in infos[:2]]
+    # A scaler built with enabled=False asks for nothing (torch.amp.GradScaler(enabled=use_fp16), off for bf16).
+    asked = [f"a {i.built_as} built at {i.location}" for i in [i for i in infos if i.requested][:2]]
     asked += [f"torch.autocast({a.device_type!r}, dtype={dtype_name(a.dtype)}) built at {a.location}"
               for a in list(built.values())[:2]]
     if flags:
@@ -275,8 +278,10 @@ def _framework_off(ctx: Context, device: str) -> None:
     """A framework's settings object asks for mixed precision (``TrainingArguments(fp16=True)``), but no
     forward ran under autocast: the framework dropped it on this device."""
     req = ctx.frameworks.requests[0]
-    if req.dtype == "fp16":
-        reason, turn_on = accelerate_fp16_off(device)
+    if req.reason:
+        reason, turn_on = req.reason, req.turn_on
+    elif req.dtype == "fp16":
+        reason, turn_on = accelerate_fp16_off(device, "TrainingArguments(bf16=True)")
     else:
         reason = f"the {req.framework} did not enable {req.dtype} autocast on {device}"
         turn_on = f"run on a device with {req.dtype} support (check `ampkit env`)"
@@ -285,4 +290,26 @@ def _framework_off(ctx: Context, device: str) -> None:
     ctx.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
                    location=req.location,
                    evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
-                             "forwards": ctx.forwards.total, "autocast_regions": 0, "model_device": device})
+                             "forwards": ctx.forwards.total, "autocast_regions": 0, "model_device": device,
+                             "requested": req.dtype, "ran": "fp32"})
+
+
+def _framework_other_dtype(ctx: Context) -> None:
+    """A framework setting asks for one low precision and the forwards autocast to the other: Lightning's
+    ``Trainer(precision='16-mixed')`` on a CPU runs bf16."""
+    ran = _low_dtypes(ctx)
+    req = next((r for r in ctx.frameworks.requests if ran and r.dtype not in ran), None)
+    if req is None:
+        return
+    regions = sum(r.entered for r in ctx.autocast.requests.values() if r.effective)
+    reason = req.reason or f"the {req.framework} autocast to {'/'.join(ran)} instead"
+    turn_on = req.turn_on or f"ask the {req.framework} for {'/'.join(ran)}, so that the code says what runs"
+    built = f" (built at {req.location})" if req.location else ""
+    actual = (f"the forwards ran under {'/'.join(ran)} autocast ({regions} region(s)): the model trained in "
+              f"{'/'.join(ran)} mixed precision, with {'/'.join(ran)}'s precision and range instead of {req.dtype}'s")
+    message, fix = mixed_precision_off(f"{req.setting}{built}", actual, reason, turn_on, dtype=req.dtype)
+    ctx.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
+                   location=req.location,
+                   evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
+                             "forwards": ctx.forwards.total, "autocast_regions": regions, "requested": req.dtype,
+                             "ran": "/".join(ran)})

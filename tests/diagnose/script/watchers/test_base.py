@@ -72,9 +72,10 @@ def test_services_refuse_a_constructor_parameter_that_is_no_service() -> None:
 
     built, _ = services()
     with pytest.raises(TypeError, match=r"NeedsAWatcher\(\) asks for autocast, which is no service.*by these names: "
-                                        r"casts, optimizers, regions, scalers, state"):
+                                        r"casts, frameworks, optimizers, regions, scalers, state"):
         built.arguments(NeedsAWatcher)
-    assert [f.name for f in dataclasses.fields(Services)] == ["state", "optimizers", "scalers", "regions", "casts"]
+    assert [f.name for f in dataclasses.fields(Services)] == ["state", "optimizers", "scalers", "regions", "casts",
+                                                                "frameworks"]
 
 
 def test_context_builds_one_watcher_of_each_and_calls_only_overrides_on_forward() -> None:

@@ -15,13 +15,14 @@ from typing import Any
 
 from ampkit.diagnose.script.services.autocast import AutocastRegions
 from ampkit.diagnose.script.services.casts import CastSite, CastSites
+from ampkit.diagnose.script.services.frameworks import FrameworkRequest, Frameworks
 from ampkit.diagnose.script.services.optimizers import OptimizerRegistry, OptInfo
 from ampkit.diagnose.script.services.scalers import ScaledSource, ScalerInfo, ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
 
 __all__ = [
-    "AutocastRegions", "CastSite", "CastSites", "OptInfo", "OptimizerRegistry", "ScaledSource", "ScalerInfo",
-    "ScalerRegistry", "Services",
+    "AutocastRegions", "CastSite", "CastSites", "FrameworkRequest", "Frameworks", "OptInfo", "OptimizerRegistry",
+    "ScaledSource", "ScalerInfo", "ScalerRegistry", "Services",
 ]
 
 
@@ -39,13 +40,15 @@ class Services:
     """The autocast region each thread is in."""
     casts: CastSites
     """Where parameters became fp16/bf16."""
+    frameworks: Frameworks
+    """The training frameworks the script drives and the precision asked of them."""
 
     @classmethod
     def build(cls, state: WatchState) -> Services:
         """Fresh services around ``state`` (each service's own dependencies first)."""
         optimizers = OptimizerRegistry()
         return cls(state=state, optimizers=optimizers, scalers=ScalerRegistry(state, optimizers),
-                   regions=AutocastRegions(), casts=CastSites())
+                   regions=AutocastRegions(), casts=CastSites(), frameworks=Frameworks())
 
     def arguments(self, watcher: type) -> dict[str, Any]:
         """The keyword arguments that build ``watcher``: the services its constructor names.

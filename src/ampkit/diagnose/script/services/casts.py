@@ -55,9 +55,10 @@ class CastSite:
                     "keeps the checkpoint's dtype (dtype='auto')")
         return f"they became {self.dtype} through `{self.how}`{self._at}"
 
-    def fix(self) -> str:
-        """What to change there; autocast then casts per op."""
-        then = "and let autocast (bf16=True / fp16=True, torch.autocast) cast them per op"
+    def fix(self, autocast: str = "torch.autocast") -> str:
+        """What to change there; autocast then casts per op.  ``autocast``: how the script turns it on
+        (``Frameworks.autocast_setting()``: the setting of the framework it drives)."""
+        then = f"and let autocast ({autocast}) cast them per op"
         if self.kind == "load":
             if self.explicit:
                 arg = self.how.removeprefix("from_pretrained(").removesuffix(")")

@@ -2,7 +2,7 @@
 
 A watcher is a subclass of ``Watcher`` listed in ``watchers.WATCHERS``.  Its constructor
 declares the services it needs as parameters named after the fields of ``script.services.Services``
-(``state``, ``scalers``, ``optimizers``, ``regions``, ``casts``) and annotated with their types; the
+(``state``, ``scalers``, ``optimizers``, ``regions``, ``casts``, ``frameworks``) and annotated with their types; the
 ``Context`` builds the services first and passes each watcher exactly the ones it names.  A
 watcher never holds another watcher: what two watchers share is a service.  It overrides the
 methods below that it needs, each marked ``@override``; the others stay no-ops.

@@ -30,6 +30,7 @@ from typing_extensions import override
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services.casts import CastSite, CastSites
+from ampkit.diagnose.script.services.frameworks import Frameworks
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.findings import Finding
@@ -46,8 +47,9 @@ _METHODS = ("half", "bfloat16", "to", "type")
 class CastWatch(Watcher):
     """Records the ``CastSite`` of each parameter made fp16/bf16 (into ``CastSites``)."""
 
-    def __init__(self, state: WatchState, *, casts: CastSites) -> None:
+    def __init__(self, state: WatchState, *, casts: CastSites, frameworks: Frameworks) -> None:
         self.state = state
+        self.frameworks = frameworks
         self.sites = casts
         self._depth = 0
         self._patches: PatchSet | None = None
@@ -73,7 +75,7 @@ class CastWatch(Watcher):
                 params = scope.parameters() if scope is not None else (p for m in models.models() for p in m.parameters())
                 site = self.sites.origin(params)
                 if site is not None:
-                    f = dataclasses.replace(f, message=f"{f.message}; {site.clause()}", fix=site.fix(),
+                    f = dataclasses.replace(f, message=f"{f.message}; {site.clause()}", fix=site.fix(self.frameworks.autocast_setting()),
                                             evidence={**f.evidence, "made_low_precision": site.evidence()})
             out.append(f)
         return out

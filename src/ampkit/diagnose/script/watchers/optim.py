@@ -16,6 +16,7 @@ from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services.autocast import AutocastRegions
 from ampkit.diagnose.script.services.casts import CastSites
+from ampkit.diagnose.script.services.frameworks import Frameworks
 from ampkit.diagnose.script.services.optimizers import OptimizerRegistry, OptInfo
 from ampkit.diagnose.script.services.scalers import ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
@@ -30,8 +31,9 @@ class OptimWatch(Watcher):
     """Optimizer construction and steps, LR schedulers (gradient clipping is the scaler watcher's)."""
 
     def __init__(self, state: WatchState, *, optimizers: OptimizerRegistry, scalers: ScalerRegistry,
-                 regions: AutocastRegions, casts: CastSites) -> None:
+                 regions: AutocastRegions, casts: CastSites, frameworks: Frameworks) -> None:
         self.state = state
+        self.frameworks = frameworks
         self.optimizers = optimizers
         self.scalers = scalers
         self.regions = regions
@@ -116,7 +118,7 @@ class OptimWatch(Watcher):
                 f"{LOW_PRECISION_UPDATES_LOST}, and fp16 gradients overflow when unscaled"
             ),
             fix=(
-                site.fix() if site is not None else
+                site.fix(self.frameworks.autocast_setting()) if site is not None else
                 "keep the parameters in fp32 (remove model.half() / .to(torch.float16/bfloat16), or load with "
                 "from_pretrained(..., dtype=torch.float32)) and run the forward under torch.autocast, which casts "
                 "weights to the low precision per op"
