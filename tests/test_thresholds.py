@@ -160,8 +160,8 @@ def test_speed_rounds_one_only_when_decided_three_else_more_inside_the_band(rati
         low = [next(made) for _ in range(k)]
         return {"fp32": [1.0] * k, "low": low}
 
-    samples = robust_samples(take, lambda s: statistics.median(s["low"]) / statistics.median(s["fp32"]), rule, 3)
-    assert calls == asked and len(samples["low"]) == sum(asked)
+    measured = robust_samples(take, lambda s: statistics.median(s["low"]) / statistics.median(s["fp32"]), rule, 3)
+    assert calls == asked and len(measured.samples["low"]) == sum(asked)
 
 
 def test_threshold_table_in_the_docs_matches_the_rules() -> None:
