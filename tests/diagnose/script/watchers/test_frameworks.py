@@ -177,6 +177,15 @@ def test_mixed_precision_off_reports_lightning_16_mixed_that_ran_bf16_on_cpu() -
     assert "precision='bf16-mixed'" in f.fix
 
 
+def test_mixed_precision_off_reports_lightning_16_mixed_taken_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PL_TRAINER_PRECISION", "16-mixed")  # Lightning's Trainer reads the arguments left out here
+    ctx = observe(lambda: _lightning_fit(None))
+    (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
+    assert f.message.startswith("PL_TRAINER_PRECISION=16-mixed (the environment")
+    assert f.evidence["requested"] == "fp16" and f.evidence["ran"] == "bf16"
+
+
 def test_framework_watch_lightning_bf16_mixed_on_cpu_has_no_finding() -> None:
     ctx = observe(lambda: _lightning_fit("bf16-mixed"))
     assert [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"] == []

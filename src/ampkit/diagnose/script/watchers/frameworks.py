@@ -11,7 +11,8 @@ warning among its logs:
   ``--mixed_precision`` or its config file): ``'fp16'`` on a CPU trains in fp32 (no autocast, no
   scaler), ``'bf16'`` autocasts.  A script started directly never reads accelerate's config file,
   so a ``mixed_precision`` there that the run did not get is a request too;
-* Lightning's ``Trainer(precision='16-mixed')``: on a CPU Lightning replaces it with
+* Lightning's ``Trainer(precision='16-mixed')`` (or ``PL_TRAINER_PRECISION``, which the Trainer
+  reads for an argument the code leaves out): on a CPU Lightning replaces it with
   ``'bf16-mixed'``, so the run autocasts to bf16.
 
 The objects need not be globals of the script (they usually live inside ``main()``), so their
@@ -118,7 +119,13 @@ class FrameworkWatch(Watcher):
             if self.state.paused:
                 return
             self.frameworks.use("Lightning")
-            request = _lightning_request(trainer, kw.get("precision"), self.state.frames.caller())
+            if "precision" in kw:
+                asked, setting = kw["precision"], f"Trainer(precision={kw['precision']!r})"
+            else:
+                asked = _lightning_env_precision(trainer)
+                setting = (f"PL_TRAINER_PRECISION={asked} (the environment, from which Lightning's Trainer takes the "
+                           "arguments the code leaves out)")
+            request = _lightning_request(trainer, asked, setting, self.state.frames.caller())
             if request is not None:
                 self.frameworks.add(request)
         return __init__
@@ -181,7 +188,20 @@ def _lightning_dtype(precision: Any) -> str | None:
     return "fp16" if text in ("16", "16-mixed", "16-true") else None
 
 
-def _lightning_request(trainer: Any, precision: Any, location: str | None) -> FrameworkRequest | None:
+def _lightning_env_precision(trainer: Any) -> Any:
+    """The ``precision`` Lightning's Trainer took from ``PL_TRAINER_PRECISION`` (None when unset), parsed by
+    Lightning's own reader next to the Trainer's package."""
+    if "PL_TRAINER_PRECISION" not in os.environ:
+        return None
+    package = type(trainer).__module__.removesuffix(".trainer.trainer")
+    try:
+        parsed = importlib.import_module(f"{package}.utilities.argparse")._parse_env_variables(type(trainer))
+    except Exception:  # a Lightning without that reader: the variable's text is what it asked for
+        return os.environ["PL_TRAINER_PRECISION"]
+    return getattr(parsed, "precision", None)
+
+
+def _lightning_request(trainer: Any, precision: Any, setting: str, location: str | None) -> FrameworkRequest | None:
     dtype = _lightning_dtype(precision)
     if dtype is None:
         return None
@@ -193,5 +213,5 @@ def _lightning_request(trainer: Any, precision: Any, location: str | None) -> Fr
         reason = f"Lightning replaced precision={precision!r} with {resolved!r} on {device}{said}"
         turn_on = (f"ask for precision={resolved!r}, so that the code says what runs on {device}, or run on a GPU for "
                    f"{dtype} (Lightning adds the GradScaler that fp16 needs)")
-    return FrameworkRequest(setting=f"Trainer(precision={precision!r})", dtype=dtype, location=location,
+    return FrameworkRequest(setting=setting, dtype=dtype, location=location,
                             framework="Lightning", reason=reason, turn_on=turn_on)
