@@ -86,3 +86,42 @@ def test_effect_fold_gradient_twin_keeps_one_finding_per_module() -> None:
     (folded, kept) = fold_gradient_twin([named, twin, other], named)
     assert folded.message == "a" and folded.evidence["gradient_sqnr_db"] == -3.0
     assert kept is other
+
+
+def _conv_bn_relu() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """Three conv/BatchNorm/ReLU blocks in bf16: the gradient of the middle BatchNorm ('1.1') is far below 20 dB."""
+    torch.manual_seed(0)
+
+    def block(i: int, o: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+
+    model = nn.Sequential(block(3, 8), block(8, 8), block(8, 8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    return model, torch.randn(4, 3, 16, 16), torch.randint(0, 4, (4,))
+
+
+def _gradient_loss(bisect: bool) -> Finding:
+    model, x, y = _conv_bn_relu()
+
+    def run(m: nn.Module) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return nn.functional.cross_entropy(m(x).float(), y)
+
+    result = diagnose_step(model, run, precision="bf16", bisect=bisect)
+    (f,) = [f for f in result.findings if f.code == "PRECISION_LOSS" and f.evidence.get("kind") == "gradient"]
+    return f
+
+
+def test_effect_gradient_precision_loss_fix_that_fails_is_not_offered() -> None:
+    f = _gradient_loss(bisect=True)
+    assert f.module == "1.1" and f.evidence["fix_verified"] is False
+    tried = f.evidence["fix_tried"]
+    assert tried[0]["keep_fp32"] == ["1.1"] and tried[0]["gradient_sqnr_db"] < SQNR_THRESHOLD_DB
+    assert f.evidence["fix_sqnr_db"] == max(t["gradient_sqnr_db"] for t in tried)
+    assert "did not help" in f.fix and "keep_fp32=['1.1'] leaves it at" in f.fix
+    assert not f.fix.startswith("Keep '1.1' in fp32")
+
+
+def test_effect_gradient_precision_loss_fix_without_bisection_says_it_is_not_verified() -> None:
+    f = _gradient_loss(bisect=False)
+    assert f.evidence["fix_verified"] is False and "fix_sqnr_db" not in f.evidence
+    assert f.fix.startswith("Not verified (this step was not re-run with it")

@@ -17,7 +17,8 @@ Algorithm (each run happens on a private deep copy, with the same RNG state):
    ... was evaluated where its derivative is infinite); the loss dtype (LOSS_IN_LOW_PRECISION);
    for a finite step, PRECISION_LOSS and GRADIENT_UNDERFLOW from the shadow comparison.
 4. **Bisection** (``bisect=True``) when a module kept in fp32 could fix the step
-   (``ampkit.diagnose.step.bisect``), verified by a final run with the proposed ``keep_fp32``.
+   (``ampkit.diagnose.step.bisect``), verified by a final run with the proposed ``keep_fp32``; a
+   gradient PRECISION_LOSS's advice is tried before it is offered (``effect.checked_fixes``).
 
 Cost: shadow + traced run ≈ 3–6 plain steps; a backward overflow at scale > 1 adds one traced
 run; bisection adds one run per trial (bounded).  The user's model, its gradients and the
@@ -43,7 +44,7 @@ from ampkit.diagnose.core.stats import (
 )
 from ampkit.diagnose.step import compare
 from ampkit.diagnose.step.backward import backward_finding
-from ampkit.diagnose.step.effect import effect_finding, fold_gradient_twin, spread_finding
+from ampkit.diagnose.step.effect import checked_fixes, effect_finding, fold_gradient_twin, spread_finding
 from ampkit.diagnose.step.events import (
     Producer,
     error_finding,
@@ -179,6 +180,8 @@ class _Diagnosis:
                 fixable.extend(f for f in flush if not is_borderline(f))
             if bisect and fixable:
                 self._bisect(result, lp, fixable, out_sqnr)
+            self.findings = checked_fixes(self.findings, s, self.ref, threshold_db=self.threshold_db, verify=bisect,
+                                          bisection=result.bisection)
         if self._shadow_error is not None:
             result.comparison["shadow_unavailable"] = self._shadow_error
         result.module_headroom, result.grad_headroom = self._headroom(lp)

@@ -71,6 +71,7 @@ __all__ = [
     "effect_culprit",
     "kept_phrase",
     "rank_candidates",
+    "verify_keep_fp32",
 ]
 
 EFFECT_SCAN_LIMIT = 16
@@ -368,6 +369,24 @@ class _Bisector:
         failing = [m for m in targets if not (sqnr.get(m) or -math.inf) >= self.obj.threshold_db]
         evidence["verified"] = r.finite and r.exception is None and not failing and producer is None
         return evidence
+
+
+def verify_keep_fp32(session: Session, patterns: list[str], reference_run: RunResult) -> dict[str, Any]:
+    """Each module's gradient SQNR against ``reference_run`` with ``patterns`` kept in fp32: the check of a fix
+    that no search proposed (a gradient PRECISION_LOSS's advice).  Applied to a fresh copy as the engine
+    would, the whole step re-run at the step's own loss scale (the gradients are judged unscaled, as the
+    finding was).  One step."""
+    s = session
+    fresh = copy_model(s.model)
+    applied = Fp32Policy(patterns, s.device.type).apply(fresh)
+    r = s.run(fresh, mode="scaled", stats=False)
+    evidence: dict[str, Any] = {"keep_fp32": patterns, "modules": applied, "finite": r.finite}
+    if r.finite and r.exception is None:
+        grads = compare.compare_grads(
+            reference_run.grads, r.grads, inv_scale=1.0 / s.program.loss_scale, param_module=s.param_module,
+            flushed_below=compare.flush_bound(s.precision.dtype, s.program.loss_scale))
+        evidence["grad_sqnr_db"], evidence["grad_module_sqnr_db"] = grads.global_sqnr_db, dict(grads.sqnr_db)
+    return evidence
 
 
 def bisect_keep_fp32(session: Session, objective: Objective, candidates: list[str], *,

@@ -9,18 +9,27 @@ and measures the model output against the fp32 shadow; ``effect_finding`` restat
 activation PRECISION_LOSS finding at the module whose fp32 keeping restores the output, with
 the output's SQNR before and after as evidence.  The module that first fell below the
 threshold stays in the evidence (``first_below_threshold``).
+
+Every PRECISION_LOSS fix says whether it was verified (``checked_fixes``): the evidence carries
+``fix_verified`` and, for a fix that was tried, ``fix_sqnr_db`` (the SQNR it reached) and
+``fix_tried``.  A gradient PRECISION_LOSS's keep-fp32 advice is tried before it is offered: the
+module, then its enclosing block, each on a fresh copy, the whole step re-run; one that leaves the
+gradient below the threshold is not offered, the fix says what was tried and what to do instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from ampkit.diagnose.core.display import display_module, fp8_filter_fix, keep_fp32_fix
-from ampkit.diagnose.step.bisect import BisectOutcome, kept_phrase
+from ampkit.diagnose.step.bisect import BisectOutcome, kept_phrase, verify_keep_fp32
+from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.findings import Finding
+from ampkit.thresholds import is_borderline
 
-__all__ = ["effect_finding", "fold_gradient_twin", "spread_finding"]
+__all__ = ["checked_fixes", "effect_finding", "fold_gradient_twin", "refused_fix", "spread_finding"]
 
 
 def _db(value: float | None) -> str:
@@ -123,3 +132,97 @@ def fold_gradient_twin(findings: list[Finding], named: Finding) -> list[Finding]
         **named.evidence, "gradient_sqnr_db": twin.evidence.get("sqnr_db"),
         "global_gradient_sqnr_db": twin.evidence.get("global_sqnr_db")})
     return [folded if f is named else f for f in findings if f is not twin]
+
+
+def checked_fixes(findings: list[Finding], session: Session, reference_run: RunResult | None, *,
+                  threshold_db: float, verify: bool, bisection: dict[str, Any] | None = None) -> list[Finding]:
+    """``findings`` with every PRECISION_LOSS fix marked verified or not (see the module docstring).
+
+    ``verify``: try a gradient PRECISION_LOSS's keep-fp32 advice (one or two whole steps; the
+    diagnosis's ``bisect``).  An activation PRECISION_LOSS's fix is verified by the keep-fp32 search
+    (``evidence.verified_fix``); when the search (``bisection``: its JSON) kept the module in fp32
+    alone and that did not fix the step, the advice is replaced (``refused_fix``).
+    """
+    out = []
+    for f in findings:
+        if f.code != "PRECISION_LOSS" or "fix_verified" in f.evidence:
+            out.append(f)
+        elif "verified_fix" in f.evidence:
+            v = f.evidence["verified_fix"]
+            out.append(_marked(f, f.fix, bool(v.get("verified")), v.get("output_sqnr_db")))
+        elif is_borderline(f) or f.evidence.get("judged_by") == "spread":
+            out.append(_marked(f, f.fix, False))  # no change asked for, or the fix already says what was tried
+        elif (f.evidence.get("kind") == "gradient" and verify and reference_run is not None and f.module
+              and session.exclusion == "keep_fp32"):
+            out.append(_gradient_fix(f, session, reference_run, threshold_db))
+        elif (session.exclusion == "keep_fp32" and (alone := _tried_alone(f, bisection)) is not None
+              and not alone["fixed"]):
+            out.append(refused_fix(f, alone, str((bisection or {}).get("reason", "")), threshold_db))
+        else:
+            why = ("the keep-fp32 search did not verify it" if verify else
+                   "this step was not re-run with it, the diagnosis ran without its keep-fp32 search")
+            out.append(_marked(f, f"Not verified ({why}). {f.fix}", False))
+    return out
+
+
+def _marked(f: Finding, fix: str, verified: bool, sqnr: float | None = None, **extra: Any) -> Finding:
+    evidence = {**f.evidence, "fix_verified": verified, **extra}
+    if sqnr is not None:
+        evidence["fix_sqnr_db"] = sqnr
+    return dataclasses.replace(f, fix=fix, evidence=evidence)
+
+
+def _gradient_fix(f: Finding, session: Session, reference_run: RunResult, threshold_db: float) -> Finding:
+    """Try keeping the module, then its enclosing block, in fp32; offer the first that restores the gradient."""
+    name = f.module or ""
+    parent = name.rpartition(".")[0]
+    tried: list[dict[str, Any]] = []
+    for keep in [name, *([parent] if parent else [])]:
+        v = verify_keep_fp32(session, [keep], reference_run)
+        got = (v.get("grad_module_sqnr_db") or {}).get(name)
+        tried.append({"keep_fp32": [keep], "gradient_sqnr_db": got, "finite": v.get("finite")})
+        if got is not None and got >= threshold_db:
+            alone = (f" Keeping {name!r} alone was tried and left it at {_db(tried[0]['gradient_sqnr_db'])}."
+                     if keep != name else "")
+            fix = (f"Verified fix: MixedPrecision(..., keep_fp32=[{keep!r}]) — re-running this step with it brings "
+                   f"the gradient of {display_module(name)} from {_db(f.evidence.get('sqnr_db'))} to {_db(got)} SQNR "
+                   f"against fp32 (threshold {threshold_db:g} dB).{alone}")
+            return _marked(f, fix, True, got, fix_tried=tried, verified_fix=v)
+    reached = [t["gradient_sqnr_db"] for t in tried if t["gradient_sqnr_db"] is not None]
+    what = " and ".join(f"keep_fp32={t['keep_fp32']!r} leaves it at {_db(t['gradient_sqnr_db'])}" for t in tried)
+    scale = (f"In fp16 raise the loss scale first (it was {session.program.loss_scale:g}): with too low a scale "
+             "small gradients lose their precision, and MixedPrecision('fp16') scales dynamically. "
+             if session.precision.name == "fp16" else "")
+    fix = (f"Keeping {name!r} in fp32 was tried and did not help: re-running this step, {what} (threshold "
+           f"{threshold_db:g} dB), so the loss is not made by {display_module(name)}'s own arithmetic: the gradient "
+           f"reaching it comes through the {session.precision.name} backward of the layers after it. {scale}"
+           "Confirm that it matters with `ampkit verify` against fp32; if it does, train in fp32, or keep the layers "
+           f"downstream of {display_module(name)} in fp32 and verify that again.")
+    return _marked(f, fix, False, max(reached) if reached else None, fix_tried=tried)
+
+
+def _tried_alone(f: Finding, bisection: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The keep-fp32 search's trial of ``f``'s module alone in fp32, if it ran one."""
+    return next((t for t in (bisection or {}).get("trials", []) if t.get("keep_fp32") == [f.module]), None)
+
+
+def refused_fix(f: Finding, trial: dict[str, Any], reason: str, threshold_db: float) -> Finding:
+    """``f`` (activation PRECISION_LOSS) whose keep-fp32 advice the search tried alone (``trial``) without a fix.
+
+    >>> f = Finding(code="PRECISION_LOSS", severity="warning", message="m", fix="Keep 'a' in fp32", module="a",
+    ...             evidence={"kind": "activation", "sqnr_db": 8.0})
+    >>> trial = {"keep_fp32": ["a"], "fixed": False, "sqnr_db": {"a": 9.0, "": 12.5}}
+    >>> g = refused_fix(f, trial, "no set of up to 10 modules kept in fp32 fixed the step", 20.0)
+    >>> g.evidence["fix_verified"], g.evidence["fix_sqnr_db"], g.fix.split(":")[0]
+    (False, 12.5, "Keeping 'a' in fp32 was tried and did not help")
+    """
+    name = f.module or ""
+    out = trial.get("sqnr_db", {}).get("")
+    own = trial.get("sqnr_db", {}).get(name)
+    mine = f", its own output {_db(own)}" if own is not None and name else ""
+    fix = (f"Keeping {name!r} in fp32 was tried and did not help: re-running this step with keep_fp32=[{name!r}], "
+           f"the model output is {_db(out)} SQNR against fp32{mine} (threshold {threshold_db:g} dB)"
+           + (f"; {reason}" if reason else "") + ". Confirm that it matters with `ampkit verify` against fp32; if it "
+           "does, train this model in fp32, or compute the sensitive part of this module in fp32 (reductions, "
+           "exp/log, long accumulations) and verify that again.")
+    return _marked(f, fix, False, out, fix_tried=[{"keep_fp32": [name], "output_sqnr_db": out, "fixed": False}])
