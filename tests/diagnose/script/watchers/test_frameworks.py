@@ -123,7 +123,8 @@ def test_mixed_precision_off_names_the_accelerate_environment_variable(
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     ctx = observe(_accelerate_loop)
     (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
-    assert f.message.startswith("ACCELERATE_MIXED_PRECISION=fp16 (the environment")
+    assert f.message.startswith("ACCELERATE_MIXED_PRECISION=fp16 in the environment")
+    assert "ACCELERATE_MIXED_PRECISION=bf16" in f.fix
     assert f.evidence["setting"].startswith("ACCELERATE_MIXED_PRECISION=fp16")
 
 
@@ -136,7 +137,7 @@ def test_mixed_precision_off_names_accelerates_config_file_that_a_direct_run_ign
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     ctx = observe(_accelerate_loop)
     (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
-    assert f.message.startswith(f"the config file {config} (mixed_precision: bf16)")
+    assert f.message.startswith(f"mixed_precision: bf16 in accelerate's config file {config}, for the Accelerator")
     assert "accelerate launch" in f.message and "ACCELERATE_MIXED_PRECISION=bf16" in f.fix
 
 
@@ -182,7 +183,7 @@ def test_mixed_precision_off_reports_lightning_16_mixed_taken_from_the_environme
     monkeypatch.setenv("PL_TRAINER_PRECISION", "16-mixed")  # Lightning's Trainer reads the arguments left out here
     ctx = observe(lambda: _lightning_fit(None))
     (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
-    assert f.message.startswith("PL_TRAINER_PRECISION=16-mixed (the environment")
+    assert f.message.startswith("PL_TRAINER_PRECISION=16-mixed in the environment")
     assert f.evidence["requested"] == "fp16" and f.evidence["ran"] == "bf16"
 
 

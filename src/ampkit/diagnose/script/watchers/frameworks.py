@@ -44,7 +44,6 @@ from ampkit.findings import accelerate_fp16_off
 __all__ = ["FrameworkWatch"]
 
 _ACCELERATE_DTYPES = {"fp16": "fp16", "bf16": "bf16"}
-_BF16 = "mixed_precision='bf16'"
 _LIGHTNING_MODULES = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 
 
@@ -123,8 +122,8 @@ class FrameworkWatch(Watcher):
                 asked, setting = kw["precision"], f"Trainer(precision={kw['precision']!r})"
             else:
                 asked = _lightning_env_precision(trainer)
-                setting = (f"PL_TRAINER_PRECISION={asked} (the environment, from which Lightning's Trainer takes the "
-                           "arguments the code leaves out)")
+                setting = (f"PL_TRAINER_PRECISION={asked} in the environment, read by the Trainer for the arguments the "
+                           "code leaves out")
             request = _lightning_request(trainer, asked, setting, self.state.frames.caller())
             if request is not None:
                 self.frameworks.add(request)
@@ -139,28 +138,29 @@ def _accelerate_request(acc: Any, arg: Any, location: str | None) -> FrameworkRe
     reason = turn_on = ""
     if arg is not None:
         value = str(arg).lower()
-        setting = f"Accelerator(mixed_precision={value!r})"
+        setting, bf16 = f"Accelerator(mixed_precision={value!r})", "Accelerator(mixed_precision='bf16')"
     elif env:
         value = env.lower()
-        setting = (f"ACCELERATE_MIXED_PRECISION={value} (the environment, which `accelerate launch` sets from its "
-                   "--mixed_precision or its config file)")
+        setting = (f"ACCELERATE_MIXED_PRECISION={value} in the environment (which `accelerate launch` sets from its "
+                   "--mixed_precision or its config file), read by the Accelerator")
+        bf16 = "ACCELERATE_MIXED_PRECISION=bf16, e.g. `accelerate launch --mixed_precision bf16`"
     else:
         path, config_value = _config_file_precision()
         if path is None or config_value not in _ACCELERATE_DTYPES:
             return None
         value = config_value
-        setting = f"the config file {path} (mixed_precision: {value})"
+        setting, bf16 = f"mixed_precision: {value} in accelerate's config file {path}, for the Accelerator", "bf16"
         reason = ("accelerate applies its config file only in `accelerate launch`, and this run started the script "
                   "directly, so Accelerator() used mixed_precision='no'")
         turn_on = (f"start the script through `accelerate launch`, or set the request where the script runs: "
                    f"`ACCELERATE_MIXED_PRECISION={value} ampkit doctor SCRIPT`, or Accelerator(mixed_precision={value!r})")
         if value == "fp16" and device == "cpu":
-            turn_on += f" (on {device} fp16 would still train in fp32: {accelerate_fp16_off(device, _BF16)[1]})"
+            turn_on += f" (on {device} fp16 would still train in fp32: {accelerate_fp16_off(device, bf16)[1]})"
     dtype = _ACCELERATE_DTYPES.get(value)
     if dtype is None:
         return None
     if not reason and dtype == "fp16" and not getattr(acc, "native_amp", False):
-        reason, turn_on = accelerate_fp16_off(device, _BF16)
+        reason, turn_on = accelerate_fp16_off(device, bf16)
     return FrameworkRequest(setting=setting, dtype=dtype, location=location, framework="Accelerate", reason=reason,
                             turn_on=turn_on)
 
