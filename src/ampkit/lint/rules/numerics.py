@@ -240,6 +240,10 @@ def _probability_kind(ctx: FileContext, node: ast.expr, scope: Scope, depth: int
                 return _probability_kind(ctx, node.func.value, scope, depth)
         if name is not None and name.startswith("torch.") and name[6:] in _SELECTIONS and node.args:
             return _probability_kind(ctx, node.args[0], scope, depth)
+        if name is None and isinstance(node.func, ast.Name | ast.Attribute) and depth < 2:
+            module = ctx.value_of(node.func, scope)  # self.act = nn.Sigmoid(); self.act(h)
+            if isinstance(module, ast.Call):
+                return _module_kind(ctx, module, depth + 1)
         if name is None and isinstance(node.func, ast.Name) and depth < 2:
             return _returned_kind(ctx, node.func.id, depth + 1)  # probs = my_softmax(x)
         return None
@@ -247,6 +251,30 @@ def _probability_kind(ctx: FileContext, node: ast.expr, scope: Scope, depth: int
         value = ctx.value_of(node, scope)
         if value is not None:
             return _probability_kind(ctx, value, scope, depth + 1)
+    return None
+
+
+_MODULES = {"Sigmoid": "sigmoid", "Softmax": "softmax"}
+
+
+def _module_kind(ctx: FileContext, module: ast.Call, depth: int) -> str | None:
+    """The probability kind a module outputs, from the call that built it: ``nn.Sigmoid()``,
+    ``nn.Softmax(dim)``, an ``nn.Sequential`` ending in one, or a class of this file whose
+    ``forward`` returns one on every ``return``."""
+    name = ctx.qualname(module.func)
+    if name is not None and name.startswith("torch.nn."):
+        last = name.rpartition(".")[2]
+        if last == "Sequential" and module.args and isinstance(module.args[-1], ast.Call) and depth < 4:
+            return _module_kind(ctx, module.args[-1], depth + 1)
+        return _MODULES.get(last)
+    if name is None and isinstance(module.func, ast.Name) and depth < 4:
+        for scope in ctx.scopes:
+            node = scope.node
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "forward" \
+                    and scope.cls is not None and scope.cls.name == module.func.id:
+                kinds = {_probability_kind(ctx, r.value, scope, depth) for r in ast.walk(node)
+                         if isinstance(r, ast.Return) and r.value is not None}
+                return kinds.pop() if len(kinds) == 1 else None
     return None
 
 
@@ -288,7 +316,7 @@ def _bce_input(ctx: FileContext, call: ast.Call, scope: Scope) -> ast.expr | Non
 
 @rule(code="AMP106", name="hand-written-log-softmax",
       summary="log(softmax(x)) / log(sigmoid(x)) by hand, or binary_cross_entropy on a sigmoid output",
-      needs=(("softmax", "sigmoid", "expit"), ("log(", "binary_cross_entropy", "BCELoss")))
+      needs=(("softmax", "sigmoid", "expit", "Softmax", "Sigmoid"), ("log(", "binary_cross_entropy", "BCELoss")))
 def amp106(ctx: FileContext) -> Iterator[Hit]:
     for scope in ctx.scopes:
         for site in scope.calls:
