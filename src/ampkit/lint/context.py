@@ -47,6 +47,15 @@ OPTIMIZERS = frozenset({
 })
 
 
+def _is_main_guard(test: ast.expr) -> bool:
+    """``__name__ == "__main__"``, either way round."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = (test.left, test.comparators[0])
+    return any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides) \
+        and any(const_str(side) == "__main__" for side in sides)
+
+
 @dataclass(frozen=True, slots=True)
 class Autocast:
     """What an autocast call site says, as far as the source tells."""
@@ -90,10 +99,15 @@ class FileContext:
 
     @cached_property
     def is_test_file(self) -> bool:
-        """The file imports a test framework (pytest, unittest, torch.testing): a test runs eager,
+        """The file is a test: it imports a test framework (pytest, unittest, torch.testing), or it
+        is a script that checks itself, with an ``assert`` in its ``if __name__ == "__main__":``
+        block (accelerate's "fp8 integration matches raw torchao" scripts).  A test runs eager,
         backward inside autocast or a device fixed by its parameters on purpose, and a wrong answer
         fails the test itself, so the rules about training code leave it alone."""
-        return any(target is not None and target.startswith(_TEST_FRAMEWORKS) for target in self.flow.imports.values())
+        if any(target is not None and target.startswith(_TEST_FRAMEWORKS) for target in self.flow.imports.values()):
+            return True
+        return any(isinstance(stmt, ast.If) and _is_main_guard(stmt.test)
+                   and any(isinstance(node, ast.Assert) for node in ast.walk(stmt)) for stmt in self.tree.body)
 
     @cached_property
     def parents(self) -> dict[int, ast.AST]:
