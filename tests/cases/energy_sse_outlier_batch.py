@@ -2,7 +2,7 @@
 marvis/pytorch-yolo2 issue #91 (a loss reduction that overflows on some batches only).
 
 A molecular energy regressor trained under fp16 autocast with a GradScaler. The targets are cached
-in fp16 to halve the dataset's memory, so the squared error summed over the batch, ``((pred - y) ** 2).sum() / len(y)``, is
+in fp16 to halve the dataset's memory, so the squared error summed over the batch and divided by its atom count, ``((pred - y) ** 2).sum() / n_atoms``, is
 reduced in fp16. Ordinary batches sum to a few dozen; the fourth batch holds a few high-energy
 conformers (errors of ~60) and its sum exceeds 65504: the loss is inf on that batch only, the scaler
 skips the step, and the next batch is clean. The first bad value is the sum's inf, made between
@@ -19,12 +19,14 @@ features = torch.randn(192, 12)
 energies = torch.randn(192, 1)
 energies[96:128:2] += 90.0  # the fourth batch holds 16 strained conformers
 energies = energies.half()  # dataset cache kept in fp16
+atoms = torch.randint(8, 24, (192,)).float()
 
 for step in range(6):
     x, y = features[step * 32:(step + 1) * 32], energies[step * 32:(step + 1) * 32]
+    n_atoms = atoms[step * 32:(step + 1) * 32].sum()
     with torch.autocast("cpu", dtype=torch.float16):
         pred = model(x)
-        loss = ((pred - y) ** 2).sum() / len(y)
+        loss = ((pred - y) ** 2).sum() / n_atoms
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()

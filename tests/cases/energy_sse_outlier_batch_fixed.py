@@ -19,12 +19,14 @@ features = torch.randn(192, 12)
 energies = torch.randn(192, 1)
 energies[96:128:2] += 90.0  # the fourth batch holds 16 strained conformers
 energies = energies.half()  # dataset cache kept in fp16
+atoms = torch.randint(8, 24, (192,)).float()
 
 for step in range(6):
     x, y = features[step * 32:(step + 1) * 32], energies[step * 32:(step + 1) * 32]
+    n_atoms = atoms[step * 32:(step + 1) * 32].sum()
     with torch.autocast("cpu", dtype=torch.float16):
         pred = model(x)
-        loss = ((pred.float() - y.float()) ** 2).sum() / len(y)  # reduced in fp32
+        loss = ((pred.float() - y.float()) ** 2).sum() / n_atoms  # reduced in fp32
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()

@@ -64,13 +64,22 @@ def test_losstrace_first_bad_value_decides_the_code_and_names_the_op_and_line(tm
     assert "the first non-finite value" in finding["message"] and finding["step"] == 1
 
 
-def test_losstrace_without_a_next_step_says_the_loss_code_is_at_fault(tmp_path: Path) -> None:
-    # Only the last step overflows: no step follows to trace, so the finding names the model call.
+def test_losstrace_names_the_op_of_an_overflow_on_one_batch_only(tmp_path: Path) -> None:
+    # Only the third batch overflows: the next step is clean, so the failing step's own loss-side calls
+    # (its tape) must name the op, on the failing batch itself.
+    source = textwrap.dedent(SCRIPT.format(steps=6, scale_expr="300 if step == 2 else 1"))
+    (finding,) = _doctor(tmp_path, source)
+    assert finding["code"] == "FORWARD_OVERFLOW" and "matmul" in finding["op"] and finding["step"] == 3
+    assert finding["location"] == f"{tmp_path / 'train.py'}:{_line(source, 'SIMILARITY')}"
+    assert finding["evidence"]["traced_step"] == 3 and "of that step itself" in finding["message"]
+
+
+def test_losstrace_names_the_op_of_an_overflow_on_the_last_step(tmp_path: Path) -> None:
+    # No step follows to trace: the last step's own calls name the op.
     source = textwrap.dedent(SCRIPT.format(steps=4, scale_expr="300 if step == 3 else 1"))
     (finding,) = _doctor(tmp_path, source)
-    assert finding["code"] == "FORWARD_NAN" and finding["op"] is None
-    assert finding["location"] == f"{tmp_path / 'train.py'}:{_line(source, 'MODEL')}"
-    assert "between the model and the loss" in finding["message"]
+    assert finding["code"] == "FORWARD_OVERFLOW" and "matmul" in finding["op"]
+    assert finding["location"] == f"{tmp_path / 'train.py'}:{_line(source, 'SIMILARITY')}"
 
 
 def test_losstrace_records_the_inf_maker_not_the_nan_maker() -> None:
@@ -115,3 +124,45 @@ def test_explain_nan_tells_precision_from_a_bug_and_leaves_the_rng_and_arguments
     target = torch.zeros(2)
     assert explain_nan(torch.Tensor.div_, (target, torch.zeros(2)), {}) == ("other", None)  # writes: not re-run
     assert torch.equal(target, torch.zeros(2))
+
+
+# bf16 without a scaler: 1 - 1e-6 is 1.0 in bf16, so the clamp lets a saturated probability through and
+# log1p(-1) = -inf; a where discards it (the loss is finite) but its backward is 0 * inf = NaN, and the
+# unguarded step writes NaN into both models, so every later step's second model gets NaN inputs.
+HIDDEN = """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    enc = nn.Linear(8, 8)
+    scorer = nn.Linear(8, 1)
+    with torch.no_grad():
+        scorer.weight.fill_(3.0)
+    opt = torch.optim.SGD([*enc.parameters(), *scorer.parameters()], lr=0.01)
+    for step in range(4):
+        x = torch.randn(16, 8) + 2.0
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            p = torch.sigmoid(scorer(enc(x))).squeeze(-1)
+            log_rest = torch.log1p(-p.clamp(max=1.0 - 1e-6))  # CLAMP BOUND
+            loss = torch.where(p > 0.5, -torch.log(p), -log_rest).float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_losstrace_names_a_hidden_forward_inf_as_the_root_of_a_gradient_overflow(tmp_path: Path) -> None:
+    source = textwrap.dedent(HIDDEN)
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "ampkit.cli.main", "doctor", "--json", str(out), str(script)],
+                          capture_output=True, text=True, timeout=600)
+    assert out.exists(), proc.stdout + proc.stderr
+    findings = json.loads(out.read_text())["findings"]
+    errors = [f for f in findings if f["severity"] == "error"]
+    (root,) = errors
+    assert root["code"] == "FORWARD_OVERFLOW" and root["op"] == "torch::log1p" and root["step"] == 1
+    assert root["location"] == f"{script}:{_line(source, 'CLAMP BOUND')}"
+    assert "0 × inf" in root["message"] and root["evidence"]["loss_finite"] is True
+    assert [c["code"] for c in root["evidence"]["consequences"]] == ["NONFINITE_INPUT"] * 3

@@ -53,14 +53,18 @@ def checkup_skipped(reason: str, step: int | None) -> dict[str, Any]:
     return _record("skipped", step, None, reason)
 
 
-def checkup_skipped_reason(*, enabled: bool, signal: str | None, errors: bool, observed: bool) -> str | None:
-    """Why the checkup is not attempted, or None when it is."""
+def checkup_skipped_reason(*, enabled: bool, signal: str | None, errors: bool, observed: bool,
+                           corrupted_at: int | None = None) -> str | None:
+    """Why the checkup is not attempted, or None when it is; ``corrupted_at``: the step whose non-finite
+    gradients a diagnosed finding explains were applied (a later step replays only their consequences)."""
     if not enabled:
         return "turned off (--no-checkup or --no-replay)"
     if signal is not None:
         return f"the run was ended by {signal.upper()}"
     if errors:
         return "a replay of a failing step already found errors"
+    if corrupted_at is not None:
+        return f"step {corrupted_at} wrote non-finite gradients into the weights, for the reason found there"
     if not observed:
         return "no model forward was observed"
     return None

@@ -32,7 +32,7 @@ from ampkit._util.frames import UserFrames
 from ampkit._util.threads import thread_values
 from ampkit.diagnose.script.capture import Capture
 from ampkit.diagnose.script.lossgrad import LossGrads
-from ampkit.diagnose.script.losstrace import LossSideTrace
+from ampkit.diagnose.script.losstrace import FirstBad, LossSideTape, LossSideTrace
 from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services import ScalerRegistry, Services
@@ -121,6 +121,11 @@ class Context:
         self._loss_trace: LossSideTrace | None = None
         self._loss_trace_report: Callable[[LossSideTrace | None], None] | None = None
         self._loss_trace_scale: float | None = None
+        self.corrupted_by: tuple[str, Any, int] | None = None
+        """(code, key, step) of the finding whose non-finite gradients an unguarded optimizer step applied:
+        a model input that goes non-finite after it is its consequence, folded into its evidence."""
+        self._tapes: list[LossSideTape] = []
+        """The loss-side tapes of this iteration and the one before (a failure read one iteration late)."""
 
     # The watchers and the shared state, under the names the rules and the runner read.
     autocast = _WatcherOf(AutocastWatch)
@@ -192,6 +197,7 @@ class Context:
     def finish(self) -> None:
         """The run ended: each watcher adds its end-of-run findings (after the pending reads are flushed)."""
         self._close_loss_trace(final=True)
+        self._close_tape()
         for watch in self.watchers:
             watch.finish()
 
@@ -224,6 +230,32 @@ class Context:
             self._loss_trace_report = None
             report(None)
 
+    # -- the loss-side tape of every low-precision iteration (``script.losstrace.LossSideTape``) ----------
+    def _open_tape(self, cap: Capture) -> None:
+        tape = self._tapes[-1] if self._tapes else None
+        if cap.low_precision is None or self.state.paused or self._loss_trace is not None or (
+                tape is not None and tape.step == self.step):
+            return  # one tape per iteration; the traced iteration has its trace
+        tape = LossSideTape(self.code, lambda: self.state.paused or self.models.in_forward, self.step)
+        tape.__enter__()
+        self._tapes = [*self._tapes[-1:], tape]
+
+    def _close_tape(self) -> None:
+        """The iteration ended: its tape stops recording (it is kept for one more iteration)."""
+        tape = self._tapes[-1] if self._tapes else None
+        if tape is not None and not tape.closed and tape.thread == threading.get_ident():
+            tape.__exit__(None, None, None)
+            tape.closed = True
+        for old in self._tapes[:-1]:
+            old.release()
+        self._tapes = self._tapes[-1:]
+
+    def loss_tape_first(self, step: int) -> FirstBad | None:
+        """The first call between the model and the loss that made a non-finite value on ``step`` itself,
+        from its tape; None when the step was not recorded or its recorded calls stayed finite."""
+        tape = next((t for t in self._tapes if t.step == step), None)
+        return None if tape is None else tape.first_bad()
+
     def note_location(self, what: str, location: str | None) -> None:
         self.state.note_location(what, location)
 
@@ -232,6 +264,7 @@ class Context:
         with self._lock:  # forwards of several threads: the counters must not lose an increment
             self._count_forward(cap)
         self._open_loss_trace()
+        self._open_tape(cap)
         for watch in self._forward_watchers:
             watch.on_root_forward(cap)
 
@@ -255,6 +288,7 @@ class Context:
     def end_iteration(self) -> None:
         """The primary optimizer stepped (or was skipped): a new iteration begins."""
         self._close_loss_trace(final=False)
+        self._close_tape()
         self.state.count_step()
         thread_values(self.models).step = self.step  # per-step: a write with no Python frame
         self.models.new_window()
@@ -270,6 +304,8 @@ class Context:
             return
         self.loss_nonfinite.add(it)
         scaled = any(c.scale is not None for c in self.models.captures)
+        if self._consequence(it):
+            return
         if not scaled and it == self.step:
             cause = "nonfinite_data" if self._inputs_nonfinite(self.models.captures, it) else "nonfinite_loss"
             self._fail(Failure("nonfinite_loss", it, cause, list(self.models.captures)))
@@ -279,6 +315,8 @@ class Context:
         if not nonfinite or it != self.step:
             return
         self.nonfinite_grad_steps.append(it)
+        if self._consequence(it):
+            return
         cause = "nonfinite_data" if self._inputs_nonfinite(self.models.captures, it) else "gradient_overflow"
         self._fail(Failure("nonfinite_grads", it, cause, list(self.models.captures)))
 
@@ -303,6 +341,14 @@ class Context:
             judge(float(found))
         else:
             self.pending.read(found, judge)
+
+    def _consequence(self, it: int) -> bool:
+        """Whether a failure at step ``it`` follows from weights an earlier unguarded step made non-finite
+        (``corrupted_by``): its non-finite inputs are folded into that finding, and it is not diagnosed again."""
+        if self.corrupted_by is None or it <= self.corrupted_by[2]:
+            return False
+        self._inputs_nonfinite(self.models.captures, it)
+        return True
 
     def reclassify(self, it: int, cause: str) -> None:
         """A replay showed what really made step ``it`` fail (e.g. a forward overflow behind a finite loss)."""
@@ -336,6 +382,11 @@ class Context:
                     continue
                 bad = True
                 model = self.models.label(cap.root)
+                root = self.corrupted_by
+                if root is not None and it > root[2] and self.ledger.fold(
+                        root[0], root[1], {"code": "NONFINITE_INPUT", "step": it, "model": model, "input": i,
+                                           "samples": len(idx)}):
+                    continue  # computed by a model whose weights that step made NaN: not the data's fault
                 message, fix = nonfinite_input(
                     f"input #{i} of {model} ({tuple(x.shape)}, {dtype_name(x.dtype)}) holds NaN/inf in {len(idx)} "
                     f"of {rows.numel()} samples (indices {idx[:8]}{' ...' if len(idx) > 8 else ''}) at step {it}, "

@@ -69,6 +69,18 @@ class Ledger:
         )
         return True
 
+    def fold(self, code: str, key: Any, consequence: dict[str, Any], *, limit: int = 32) -> bool:
+        """Append ``consequence`` to the ``consequences`` evidence of the finding ``(code, key)`` (what it
+        caused on later steps, reported there instead of as findings of their own); False when there is none."""
+        with self._lock:
+            entry = self._entries.get((code, key))
+            if entry is None:
+                return False
+            folded = entry.evidence.setdefault("consequences", [])
+            if len(folded) < limit:
+                folded.append(consequence)
+            return True
+
     def has(self, code: str, *, acting: bool = False, key: Any = None) -> bool:
         """Whether ``code`` was recorded (under ``key``, when given); with ``acting``, only as an error or a
         warning (not a borderline or other info row)."""

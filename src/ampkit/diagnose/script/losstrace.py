@@ -9,6 +9,15 @@ the op that made the first bad value, with its user line.  A later op that turns
 
 Cost: every op of that one iteration is checked (a read of each tensor and a host sync per op);
 nothing is traced before a loss went non-finite, nor after the traced iteration.
+
+A failure that depends on the batch (one batch's sum passes 65504) leaves the next iteration clean, so
+the failing iteration itself is kept: ``LossSideTape`` records, on every iteration that ran a model in
+low precision, each call between the end of the model's forward and the loss's backward with references
+to its inputs and output, and reads nothing.  When that iteration's loss or gradients turn out
+non-finite, its calls are checked in order (``first_bad``), on the failing batch itself.  Cost on every
+such iteration: a Python call and a short stack walk per loss-side op (at most ``TAPE_LIMIT`` of them),
+no host sync, and the references that keep those tensors alive until the iteration ends (most of them
+autograd keeps anyway for the backward).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
@@ -30,7 +39,7 @@ from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.script.lossgrad import LossGrads, rerun_aside
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
 
-__all__ = ["FirstBad", "LossSideTrace", "explain_nan", "loss_code_text"]
+__all__ = ["HIDDEN_LOSS_CODE", "TAPE_LIMIT", "FirstBad", "LossSideTape", "LossSideTrace", "explain_nan", "first_bad", "hidden_code_text", "loss_code_text"]
 
 
 @dataclass(frozen=True)
@@ -89,17 +98,80 @@ class LossSideTrace(TorchFunctionMode):
         return out
 
     def _check(self, func: Any, inputs: Any, out: Any) -> None:
-        ins, outs = _floats(inputs), _floats(out)
-        if not ins or not outs or not all(bool(torch.isfinite(t).all()) for t in ins):
-            return
-        bad = [o for o in outs if not bool(torch.isfinite(o).all())]
-        if bad:
-            nan = any(bool(torch.isnan(o).any()) for o in bad)
-            cause, fp32_nan = explain_nan(func, *inputs) if nan else (None, None)
-            self.first = FirstBad(op=_op_name(func), location=self.frames.caller(), nan=nan,
-                                  out_dtype=dtype_name(bad[0].dtype),
-                                  in_absmax=max(float(t.detach().abs().max()) for t in ins),
-                                  cause=cause, nan_in_fp32=fp32_nan)
+        self.first = first_bad(func, inputs, out, self.frames.caller)
+
+
+def first_bad(func: Any, inputs: tuple[Any, dict[str, Any]], out: Any,
+              location: Callable[[], str | None]) -> FirstBad | None:
+    """The finding's facts when ``func`` turned finite floating inputs into a non-finite output, else None
+    (a read of each tensor: failure path only)."""
+    ins, outs = _floats(inputs), _floats(out)
+    if not ins or not outs or not all(bool(torch.isfinite(t).all()) for t in ins) or _nonfinite_constant(inputs):
+        return None  # a non-finite constant (``masked_fill(mask, float("inf"))``) is written on purpose
+    bad = [o for o in outs if not bool(torch.isfinite(o).all())]
+    if not bad:
+        return None
+    nan = any(bool(torch.isnan(o).any()) for o in bad)
+    cause, fp32_nan = explain_nan(func, *inputs) if nan else (None, None)
+    return FirstBad(op=_op_name(func), location=location(), nan=nan, out_dtype=dtype_name(bad[0].dtype),
+                    in_absmax=max(float(t.detach().abs().max()) for t in ins), cause=cause, nan_in_fp32=fp32_nan)
+
+
+def _nonfinite_constant(inputs: Any) -> bool:
+    leaves, _ = tree_flatten(inputs)
+    return any(isinstance(x, float) and not math.isfinite(x) for x in leaves)
+
+
+HIDDEN_LOSS_CODE = "loss-code-hidden"
+"""The ledger key of a loss-side op whose inf/NaN the loss hid and the backward did not (``hidden_code_text``)."""
+
+TAPE_LIMIT = 256
+"""Loss-side calls a ``LossSideTape`` keeps per iteration; a longer loss code is judged by its first ones."""
+
+
+@dataclass(slots=True)
+class _Call:
+    func: Any
+    args: Any
+    kwargs: dict[str, Any]
+    out: Any
+    location: str | None
+
+
+class LossSideTape(TorchFunctionMode):
+    """Records, in its thread, each call from the end of a model's forward to the loss's backward, with
+    references to its inputs and output and its user line; reads nothing (``first_bad`` judges them)."""
+
+    def __init__(self, frames: UserFrames, paused: Callable[[], bool], step: int) -> None:
+        super().__init__()
+        self.frames = frames
+        self.paused = paused
+        self.step = step
+        """The optimizer step the recorded iteration belongs to."""
+        self.thread = threading.get_ident()
+        self.calls: list[_Call] = []
+        self.stopped = False
+        self.closed = False
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.backward or func is torch.autograd.backward:
+            self.stopped = True  # the loss is made
+        out = func(*args, **(kwargs or {}))
+        if not self.stopped and len(self.calls) < TAPE_LIMIT and threading.get_ident() == self.thread \
+                and getattr(func, "__name__", "") != "__get__" and not self.paused():
+            self.calls.append(_Call(func, args, kwargs or {}, out, self.frames.caller()))
+        return out
+
+    def first_bad(self) -> FirstBad | None:
+        """The first recorded call that turned finite inputs into inf/NaN (reads each tensor)."""
+        for c in self.calls:
+            found = first_bad(c.func, (c.args, c.kwargs), c.out, lambda c=c: c.location)
+            if found is not None:
+                return found
+        return None
+
+    def release(self) -> None:
+        self.calls.clear()
 
 
 class _FirstNaN(TorchDispatchMode):
@@ -146,10 +218,11 @@ def _widened(x: Any) -> Any:
     return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def loss_code_text(first: FirstBad, label: str, became: str, step: int) -> dict[str, Any]:
+def loss_code_text(first: FirstBad, label: str, became: str, step: int, *, recorded: bool = False) -> dict[str, Any]:
     """The message, fix and evidence of the finding for ``first``: the op between the outputs of the model
-    ``label`` and the loss that made the step's first non-finite value (the loss became ``became``)."""
-    evidence: dict[str, Any] = {"traced_step": step + 1, "input_absmax": first.in_absmax,
+    ``label`` and the loss that made the step's first non-finite value (the loss became ``became``);
+    ``recorded``: found among the failing step's own calls (``LossSideTape``), else by tracing the next step."""
+    evidence: dict[str, Any] = {"traced_step": step if recorded else step + 1, "input_absmax": first.in_absmax,
                                 "output_dtype": first.out_dtype}
     made, why, fix = "±inf", "", ("compute this op in fp32: `.float()` on its inputs, or run it under "
                                   "`torch.autocast(..., enabled=False)`; or bring its inputs into range first "
@@ -165,6 +238,28 @@ def loss_code_text(first: FirstBad, label: str, became: str, step: int) -> dict[
             why += "; the same call on fp32 inputs makes the NaN too: this is not a precision problem"
     message = (f"{first.op}, between the outputs of {label} and the loss (no module), turned finite inputs "
                f"(largest |x| = {first.in_absmax:.4g}) into {made} in {first.out_dtype}{why}: the first non-finite "
-               f"value of the step, which made the loss {became} at step {step} (the op was found by tracing the "
-               "next step)")
+               f"value of the step, which made the loss {became} at step {step} "
+               f"({'found among the loss-side calls of that step itself' if recorded else 'the op was found by tracing the next step'})")
+    return {"message": message, "fix": fix, "evidence": evidence}
+
+
+def hidden_code_text(first: FirstBad, label: str, step: int) -> dict[str, Any]:
+    """The message, fix and evidence of the finding for ``first`` when the loss stayed finite and only the
+    gradients went non-finite: the op between the outputs of ``label`` and the loss made ±inf/NaN that the
+    loss discarded (``torch.where``, a mask, a clip), and its backward multiplied a zero gradient by the
+    infinite derivative there.  That op is the root cause; the backward overflow is its consequence."""
+    made = "NaN" if first.nan else "±inf"
+    message = (f"{first.op}, between the outputs of {label} and the loss (no module), turned finite inputs "
+               f"(largest |x| = {first.in_absmax:.4g}) into {made} in {first.out_dtype} at step {step}. The loss "
+               "stayed finite (the value was discarded by a where/mask or clipped), but the backward multiplies "
+               "the zero gradient it gets there by an infinite derivative (0 × inf = NaN): this op is why the "
+               "step's gradients became non-finite (found among the loss-side calls of that step itself)")
+    fix = (f"compute this op in fp32 (`.float()` on its inputs, or `torch.autocast(..., enabled=False)`). A bound "
+           f"or epsilon near 1 does not survive {first.out_dtype}: `clamp(max=1 - 1e-6)` rounds to 1.0 in bf16 "
+           "(spacing 2^-8 below 1) and fp16 (2^-11), so log(1 - p) or log1p(-p) of a saturated p is -inf; clamp "
+           "in fp32, or use `torch.finfo(p.dtype).eps` as the bound")
+    evidence: dict[str, Any] = {"traced_step": step, "input_absmax": first.in_absmax,
+                                "output_dtype": first.out_dtype, "loss_finite": True, "gradients_finite": False}
+    if first.cause is not None:
+        evidence["cause"] = first.cause
     return {"message": message, "fix": fix, "evidence": evidence}

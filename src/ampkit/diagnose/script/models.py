@@ -221,6 +221,11 @@ class ModelWatch:
             root.device, root.param_dtype = _device_and_dtype(root.model)
             root.running = _running_stats(root.model)
 
+    @property
+    def in_forward(self) -> bool:
+        """Whether a watched model's forward is running (its ops are the model's, not the loss code's)."""
+        return bool(self._stack)
+
     def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if torch.compiler.is_compiling() or self.paused:
             return

@@ -13,6 +13,7 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.perf import fp8_gemm_speed, low_precision_speed
+from ampkit.diagnose.script.losstrace import HIDDEN_LOSS_CODE
 from ampkit.diagnose.script.mixed import report_mixed_precision_off, scaler_off_too
 from ampkit.findings import BF16_NEEDS_NO_SCALER, Finding, scale_collapse, scheduler_stepped_on_skip
 from ampkit.fp8 import fp8_layer_names
@@ -95,8 +96,10 @@ def _scale_collapse(ctx: Context) -> None:
 def _boundary_overflow(ctx: Context) -> None:
     """Skipped steps whose gradient was already non-finite where it entered a model's output."""
     hits = ctx.boundary_overflows
-    if not hits or ctx.ledger.has("BACKWARD_OVERFLOW", key="loss-code-backward"):
-        return  # the loss-side backward trace named the op (``script.lossgrad``)
+    if not hits or ctx.ledger.has("BACKWARD_OVERFLOW", key="loss-code-backward") or any(
+            ctx.ledger.has(code, key=HIDDEN_LOSS_CODE) for code in ("FORWARD_OVERFLOW", "FORWARD_NAN")):
+        return  # the loss-side backward trace named the op (``script.lossgrad``), or its tape the forward op
+        # whose hidden inf/NaN the backward met (``script.losstrace``)
     # Recovered: some step after the first hit was applied.  Without that (every later step skipped, a
     # run too short for SCALE_COLLAPSE's window) the overflow cannot be called ordinary.
     recovered = any(step not in ctx.skips for step in range(hits[0] + 1, ctx.steps + 1))

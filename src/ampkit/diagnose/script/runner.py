@@ -46,7 +46,7 @@ from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
 from ampkit.diagnose.script.lossgrad import loss_grad_text
-from ampkit.diagnose.script.losstrace import LossSideTrace, loss_code_text
+from ampkit.diagnose.script.losstrace import HIDDEN_LOSS_CODE, LossSideTrace, hidden_code_text, loss_code_text
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
 from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
@@ -168,6 +168,8 @@ class _Runner:
                 self._loss_code_nonfinite(caps[-1], failure)
             return bad
         if failure.cause == "gradient_overflow":
+            if self._hidden_loss_code(caps[-1], failure):
+                return None
             ok = [c for c in reversed(caps) if c.outputs_finite() and c.grads_finite() is not False]
             if ok:
                 return ok[0]
@@ -179,13 +181,21 @@ class _Runner:
         return None
 
     def _loss_code_nonfinite(self, cap: Capture, failure: Failure) -> None:
-        """The loss went non-finite although the model's outputs were finite: the next iteration is traced
-        (``script.losstrace``) to name the op between the model and the loss that made the first bad
-        value; without one (the next loss was finite, or no iteration followed) the finding says where."""
+        """The loss went non-finite although the model's outputs were finite: the failing iteration's own
+        loss-side calls (its tape, ``script.losstrace.LossSideTape``) name the op between the model and the
+        loss that made the first bad value; without a tape the next iteration is traced; without either (the
+        next loss was finite, or no iteration followed) the finding says where."""
         label = self.ctx.models.label(cap.root)
         loss = cap.loss
         nan = loss is not None and bool(torch.isnan(loss).any())
         became = "NaN" if nan else "inf"
+        first = self.ctx.loss_tape_first(failure.step)
+        if first is not None:
+            self.ctx.ledger.add(
+                "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", key=("loss-code", label), op=first.op,
+                step=failure.step, location=first.location,
+                **loss_code_text(first, label, became, failure.step, recorded=True))
+            return
 
         def report(trace: LossSideTrace | None) -> None:
             first = trace.first if trace is not None else None
@@ -204,6 +214,21 @@ class _Runner:
                 step=failure.step, location=first.location, **loss_code_text(first, label, became, failure.step))
 
         self.ctx.arm_loss_trace(report)
+
+    def _hidden_loss_code(self, cap: Capture, failure: Failure) -> bool:
+        """Whether the loss code's forward made the inf/NaN behind a gradient overflow with a finite loss: an
+        op between the model and the loss (outside every model's forward) turned finite inputs into inf/NaN
+        that the loss discarded (a where or a clip) and the backward did not (0 * inf).  That op, found on the
+        failing step's own tape (``script.losstrace.LossSideTape``), is the root cause and is reported."""
+        first = self.ctx.loss_tape_first(failure.step)
+        if first is None:
+            return False
+        code = "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW"
+        self.ctx.ledger.add(code, key=HIDDEN_LOSS_CODE, op=first.op, step=failure.step, location=first.location,
+                            **hidden_code_text(first, self.ctx.models.label(cap.root), failure.step))
+        if failure.kind == "nonfinite_grads" and self.ctx.corrupted_by is None:
+            self.ctx.corrupted_by = (code, HIDDEN_LOSS_CODE, failure.step)  # the unguarded step applied them
+        return True
 
     def _boundary_overflow(self, cap: Capture, failure: Failure) -> None:
         """The gradient was non-finite where it reached the model's outputs: the backward of the code
@@ -319,7 +344,8 @@ class _Runner:
         last = self.ctx.models.last
         reason = checkup_skipped_reason(
             enabled=self.checkup and self.replay, signal=ended if ended in SIGNAL_EXIT_STATUS else None,
-            errors=any(d.has_errors for d in self.diagnoses), observed=last is not None)
+            errors=any(d.has_errors for d in self.diagnoses), observed=last is not None,
+            corrupted_at=self.ctx.corrupted_by[2] if self.ctx.corrupted_by is not None else None)
         if reason is not None or last is None:
             self.checkup_record = checkup_skipped(reason or "", last.step if last is not None else None)
             return
