@@ -1,9 +1,14 @@
-"""Watching processes from a test: is a pid running, its parent and descendants, which pids outlive a deadline."""
+"""Watching processes from a test: is a pid running, its parent and descendants, which pids outlive a deadline;
+and a background load that keeps every core busy."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -52,3 +57,24 @@ def with_command_line(marker: str) -> list[int]:
                 if marker.encode() in (entry / "cmdline").read_bytes() and running(int(entry.name)):
                     pids.append(int(entry.name))
     return pids
+
+
+@contextlib.contextmanager
+def busy_cores() -> Iterator[None]:
+    """Every core this process may run on busy: one Python process per core (at least 2) spinning a loop,
+    each running before the block starts (it says so on its stdout) and killed after it, whatever happens."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(max(2, cores)):
+            procs.append(subprocess.Popen([sys.executable, "-S", "-c", "print(flush=True)\nwhile True: pass"],
+                                          stdout=subprocess.PIPE))
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == b"\n"
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            if p.stdout is not None:
+                p.stdout.close()

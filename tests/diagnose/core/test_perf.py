@@ -3,12 +3,9 @@ settled before a verdict contradicts the capability probe, and the load recorded
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -23,27 +20,7 @@ from ampkit.diagnose.core.perf import (
 from ampkit.findings import Finding
 from ampkit.precision import cpu_has_fast_bf16
 from ampkit.thresholds import THRESHOLDS
-
-
-@contextlib.contextmanager
-def _busy_cores() -> Iterator[None]:
-    """Every core busy: one Python process per core spinning a loop, each started before the block
-    runs (it says so on its stdout) and killed after it, whatever happens."""
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-        for _ in range(max(2, cores)):
-            procs.append(subprocess.Popen([sys.executable, "-S", "-c", "print(flush=True)\nwhile True: pass"],
-                                          stdout=subprocess.PIPE))
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline() == b"\n"
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-            if p.stdout is not None:
-                p.stdout.close()
+from tests.helpers.processes import busy_cores
 
 
 def _verdict(finding: Finding | None) -> str:
@@ -68,7 +45,7 @@ def _expected_bf16_verdict() -> str | None:
 def test_perf_slow_low_precision_verdict_is_the_same_idle_and_with_every_core_busy() -> None:
     torch.manual_seed(0)
     idle = _verdict(low_precision_speed("bf16", "cpu"))
-    with _busy_cores():
+    with busy_cores():
         busy = [_verdict(low_precision_speed("bf16", "cpu")) for _ in range(2)]
     assert busy == [idle] * 2
     expected = _expected_bf16_verdict()
