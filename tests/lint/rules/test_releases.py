@@ -67,3 +67,32 @@ def test_releases_nested_old_branch_inside_a_loop_is_silent() -> None:
         "            out.append(torch.load(p))\n"
         "    return out\n"
     ) == []
+
+
+def _amp113_lines(root, manifest: str) -> list[int]:
+    from ampkit.lint import lint_paths
+
+    (root / "pkg").mkdir()
+    name, _, content = manifest.partition(":")
+    (root / name).write_text(content)
+    (root / "pkg" / "train.py").write_text("import torch\n\nstate = torch.load('ckpt.pt')\n")
+    return [v.line for v in lint_paths([str(root / "pkg")]).violations if v.code == "AMP113"]
+
+
+@pytest.mark.parametrize("manifest", [
+    'pyproject.toml:[project]\ndependencies = ["torch>=2.6", "torchvision>=0.1"]\n',
+    "setup.py:install_requires = ['torch >= 2.7.0']\n",
+    "requirements.txt:numpy\ntorch==2.8.0\n",
+])
+def test_releases_project_requiring_torch_2_6_silences_bare_load(tmp_path, manifest: str) -> None:
+    # From torch 2.6 a bare torch.load is weights_only=True: a project that needs 2.6 is safe.
+    assert _amp113_lines(tmp_path, manifest) == []
+
+
+@pytest.mark.parametrize("manifest", [
+    'pyproject.toml:[project]\ndependencies = ["torch>=2.5", "torchvision>=2.6"]\n',
+    "requirements.txt:torch\n",
+    "setup.cfg:[options]\ninstall_requires = pytorch-lightning>=2.6\n",
+])
+def test_releases_project_allowing_older_torch_keeps_bare_load(tmp_path, manifest: str) -> None:
+    assert _amp113_lines(tmp_path, manifest) == [3]

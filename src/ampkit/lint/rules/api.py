@@ -18,7 +18,7 @@ from ampkit.lint.astutil import (
 )
 from ampkit.lint.context import FileContext
 from ampkit.lint.core import Hit, rule
-from ampkit.lint.rules.releases import before_release
+from ampkit.lint.rules.releases import before_release, project_torch_floor
 
 __all__ = ["DEPRECATED", "RULES", "deprecated_message", "deprecated_references"]
 
@@ -256,6 +256,8 @@ def amp113(ctx: FileContext) -> Iterator[Hit]:
         if flag is None:
             if has_star_kwargs(call):
                 continue  # may be passed through **kwargs: cannot decide
+            if _requires_safe_default(ctx):
+                continue  # the project needs torch >= 2.6, whose default is weights_only=True
             yield call, ("torch.load without weights_only=True unpickles arbitrary code from the file "
                          "(the default before torch 2.6); pass weights_only=True")
         # An explicit weights_only=False is a choice written where a reviewer sees it: a full
@@ -268,6 +270,11 @@ def amp113(ctx: FileContext) -> Iterator[Hit]:
         elif const_bool(flag) is False and _retries_safe_load(ctx, call):
             yield call, ("torch.load(weights_only=False) unpickles arbitrary code from the file; "
                          "load tensors and state dicts with weights_only=True")
+
+
+def _requires_safe_default(ctx: FileContext) -> bool:
+    floor = project_torch_floor(ctx.path)
+    return floor is not None and floor >= (2, 6)
 
 
 def _feeds_load_state_dict(ctx: FileContext, call: ast.Call) -> bool:

@@ -20,13 +20,15 @@ True
 from __future__ import annotations
 
 import ast
+import functools
+import os
 import re
 from collections.abc import Callable
 
 from ampkit.lint.astutil import last_name, name_or_str
 from ampkit.lint.context import FileContext
 
-__all__ = ["before_release", "implies_older"]
+__all__ = ["before_release", "implies_older", "project_torch_floor"]
 
 Release = tuple[int, ...]
 _FEATURE: Release = ()  # hasattr(torch.x, ...): a release older than the feature, which one unknown
@@ -57,6 +59,45 @@ def before_release(ctx: FileContext, node: ast.AST, release: Release, tried: Cal
             return True
         child, parent = parent, parents.get(id(parent))
     return False
+
+
+# Where a project declares what it installs; a directory holding one of _ROOT_MARKERS (or .git) is
+# the project's root, where the search upwards stops.
+_MANIFESTS = ("pyproject.toml", "setup.py", "setup.cfg", "requirements.txt")
+_ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+# torch>=2.6, torch == 2.8.0, "torch ~= 2.7": not torchvision, not pytorch-lightning.
+_TORCH_PIN = re.compile(r"(?<![\w.-])torch(?:\[[^\]]*\])?\s*(>=|==|~=|>)\s*(\d+)\.(\d+)")
+
+
+def project_torch_floor(path: str) -> Release | None:
+    """The oldest torch release the project holding ``path`` declares it runs on: the lowest
+    ``torch>=X.Y`` (``==``, ``~=``, ``>``) of the nearest manifest that names one, searching from
+    the file's directory up to the project's root (a directory with ``pyproject.toml``,
+    ``setup.py``, ``setup.cfg`` or ``.git``), never into an installed environment.  None when
+    none is declared or ``path`` is not a file on disk (a snippet, stdin)."""
+    if not os.path.isfile(path):
+        return None
+    return _floor_from(os.path.dirname(os.path.abspath(path)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _floor_from(directory: str) -> Release | None:
+    if os.path.basename(directory) in ("site-packages", "dist-packages") \
+            or os.path.exists(os.path.join(directory, "pyvenv.cfg")):
+        return None
+    for name in _MANIFESTS:
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8", errors="replace") as handle:
+                text = handle.read(1 << 20)
+        except OSError:
+            continue
+        floors = [(int(major), int(minor)) for _, major, minor in _TORCH_PIN.findall(text)]
+        if floors:
+            return min(floors)
+    parent = os.path.dirname(directory)
+    if parent == directory or any(os.path.exists(os.path.join(directory, m)) for m in _ROOT_MARKERS):
+        return None
+    return _floor_from(parent)
 
 
 def implies_older(test: ast.expr, negated: bool) -> Release | None:
