@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ampkit.diagnose.script.mixed import mixed_precision_record
+from ampkit.diagnose.script.runner import run_script
 from ampkit.diagnose.script.services.frameworks import FrameworkRequest
 from ampkit.diagnose.script.watchers.frameworks import FrameworkWatch
 from diagnose.script.observe import observe
@@ -197,3 +198,43 @@ def test_low_precision_params_fix_under_lightning_names_trainer_precision() -> N
     ctx = observe(lambda: _lightning_fit(None, half=True))
     (f,) = [f for f in ctx.ledger.findings() if f.code == "LOW_PRECISION_PARAMS"]
     assert "Trainer(precision=" in f.fix and "bf16=True" not in f.fix
+
+
+_LIGHTNING_HALF = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+import lightning.pytorch as pl
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.net[2].half()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return (self.net(x).float() - y).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+data = TensorDataset(torch.randn(8, 8), torch.randn(8, 1))
+trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Tiny(), DataLoader(data, batch_size=4))
+"""
+
+
+def test_dtype_mismatch_fix_under_lightning_names_trainer_precision(tmp_path: Path) -> None:
+    pytest.importorskip("lightning.pytorch")
+    script = tmp_path / "train.py"
+    script.write_text(_LIGHTNING_HALF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = run_script(script, checkup=False, measure_speed=False)
+    (f,) = [f for f in report.findings if f.code == "DTYPE_MISMATCH"]
+    assert "drop `.half()`" in f.fix and "Trainer(precision='bf16-mixed'" in f.fix and "bf16=True" not in f.fix
+
