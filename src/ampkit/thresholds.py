@@ -130,7 +130,8 @@ Why these margins: 1.5 dB is a 19 % change in the error's RMS, more than the dif
 kernels of another ISA make to one step's SQNR, yet small next to a real loss (the corpus's
 culprits sit 10-40 dB under the threshold); half a percentage point of flushed share and a tenth of
 the late skip share are a few entries or steps decided under rounding; 12 % of the speed ratio
-(0.79-1.01) is the spread of a 512×512 matmul timing on a loaded 2-core machine.
+either way (0.79-1.01) holds the spread of 512×512 matmul rounds timed on one thread's CPU clock with every
+core of a 2-core machine busy (the lowest and highest of 8 rounds lay 10-17 % apart; ``diagnose/core/perf.py``).
 
 ``PRECISION_LOSS_FP8`` is PRECISION_LOSS's rule for an fp8 model: e4m3 keeps 3 mantissa bits, so
 one cast alone is about 30 dB and a healthy fp8 GEMM output 20-28 dB from fp32 (e5m2 gradients
