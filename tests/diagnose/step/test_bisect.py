@@ -160,3 +160,43 @@ def test_bisect_keeps_searching_when_all_scanned_branches_together_fix_the_step(
     assert max(bisection["effects"][m][""] for m in bisection["effects"]) - result.comparison["output_sqnr_db"][""] < 1.0
     assert bisection.get("spread_gain_db") is None
     assert result.keep_fp32 is not None and bisection["verification"]["verified"]
+
+
+class _OwnPositions(nn.Module):
+    """Sinusoids of positions built in the dtype of its child's output: bf16 rounds positions above 256."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        pos = torch.arange(x.shape[0], dtype=h.dtype)[:, None] * torch.ones(8, dtype=h.dtype)
+        return h + pos.sin()
+
+
+class _ChildPhase(nn.Module):
+    """Sinusoids of phases its child computes: the child's bf16 output rounds them (the child loses it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freq = nn.Linear(1, 8, bias=False)
+        with torch.no_grad():
+            self.freq.weight.fill_(1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.freq(x[:, :1] * 0 + torch.arange(x.shape[0], dtype=torch.float32)[:, None]).sin()
+
+
+def test_bisect_names_the_parent_whose_own_ops_lose_the_precision_not_its_child() -> None:
+    model = nn.Sequential(_OwnPositions(), nn.Linear(8, 4))
+    result = diagnose_step(model, dm.bf16_run(torch.randn(1024, 8) * 0.1), precision="bf16")
+    (finding,) = [f for f in result.findings if f.code == "PRECISION_LOSS" and f.evidence.get("judged_by")]
+    assert finding.module == "0"  # keeping 0.proj in fp32 fixes it too, only by making the positions fp32
+
+
+def test_bisect_keeps_the_child_whose_rounded_output_the_parent_needs() -> None:
+    model = nn.Sequential(_ChildPhase(), nn.Linear(8, 4))
+    result = diagnose_step(model, dm.bf16_run(torch.randn(1024, 8)), precision="bf16")
+    (finding,) = [f for f in result.findings if f.code == "PRECISION_LOSS" and f.evidence.get("judged_by")]
+    assert finding.module == "0.freq"

@@ -32,7 +32,14 @@ from ampkit._util.frames import UserFrames
 from ampkit._util.threads import thread_values
 from ampkit.diagnose.script.capture import Capture
 from ampkit.diagnose.script.lossgrad import LossGrads
-from ampkit.diagnose.script.losstrace import FirstBad, LossSideTape, LossSideTrace
+from ampkit.diagnose.script.losstrace import (
+    HIDDEN_LOSS_CODE,
+    FirstBad,
+    LossSideTape,
+    LossSideTrace,
+    hidden_code_text,
+    loss_code_text,
+)
 from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services import ScalerRegistry, Services
@@ -240,8 +247,7 @@ class Context:
         tape.__enter__()
         self._tapes = [*self._tapes[-1:], tape]
 
-    def _close_tape(self) -> None:
-        """The iteration ended: its tape stops recording (it is kept for one more iteration)."""
+    def _close_tape(self) -> None:  # the iteration ended: its tape is kept for one more
         tape = self._tapes[-1] if self._tapes else None
         if tape is not None and not tape.closed and tape.thread == threading.get_ident():
             tape.__exit__(None, None, None)
@@ -255,6 +261,28 @@ class Context:
         from its tape; None when the step was not recorded or its recorded calls stayed finite."""
         tape = next((t for t in self._tapes if t.step == step), None)
         return None if tape is None else tape.first_bad()
+
+    def taped_loss_code(self, label: str, became: str, step: int) -> bool:
+        """Report the op of ``step``'s own loss-side calls that made its non-finite loss; False without one."""
+        first = self.loss_tape_first(step)
+        if first is not None:
+            self.ledger.add("FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", key=("loss-code", label), op=first.op,
+                            step=step, location=first.location,
+                            **loss_code_text(first, label, became, step, recorded=True))
+        return first is not None
+
+    def hidden_loss_code(self, label: str, failure: Failure) -> bool:
+        """Report the op of the failing step's own loss-side calls that made an inf/NaN the loss hid (a where,
+        a clip) and the backward met (0 * inf): the root of a gradient overflow with a finite loss."""
+        first = self.loss_tape_first(failure.step)
+        if first is None:
+            return False
+        code = "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW"
+        self.ledger.add(code, key=HIDDEN_LOSS_CODE, op=first.op, step=failure.step, location=first.location,
+                        **hidden_code_text(first, label, failure.step))
+        if failure.kind == "nonfinite_grads" and self.corrupted_by is None:
+            self.corrupted_by = (code, HIDDEN_LOSS_CODE, failure.step)  # the unguarded step applied them
+        return True
 
     def note_location(self, what: str, location: str | None) -> None:
         self.state.note_location(what, location)

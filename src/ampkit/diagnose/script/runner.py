@@ -46,7 +46,7 @@ from ampkit.diagnose.script.context import Context, Failure
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
 from ampkit.diagnose.script.lossgrad import loss_grad_text
-from ampkit.diagnose.script.losstrace import HIDDEN_LOSS_CODE, LossSideTrace, hidden_code_text, loss_code_text
+from ampkit.diagnose.script.losstrace import LossSideTrace, loss_code_text
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
 from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
@@ -168,7 +168,7 @@ class _Runner:
                 self._loss_code_nonfinite(caps[-1], failure)
             return bad
         if failure.cause == "gradient_overflow":
-            if self._hidden_loss_code(caps[-1], failure):
+            if self.ctx.hidden_loss_code(self.ctx.models.label(caps[-1].root), failure):
                 return None
             ok = [c for c in reversed(caps) if c.outputs_finite() and c.grads_finite() is not False]
             if ok:
@@ -189,12 +189,7 @@ class _Runner:
         loss = cap.loss
         nan = loss is not None and bool(torch.isnan(loss).any())
         became = "NaN" if nan else "inf"
-        first = self.ctx.loss_tape_first(failure.step)
-        if first is not None:
-            self.ctx.ledger.add(
-                "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", key=("loss-code", label), op=first.op,
-                step=failure.step, location=first.location,
-                **loss_code_text(first, label, became, failure.step, recorded=True))
+        if self.ctx.taped_loss_code(label, became, failure.step):
             return
 
         def report(trace: LossSideTrace | None) -> None:
@@ -214,21 +209,6 @@ class _Runner:
                 step=failure.step, location=first.location, **loss_code_text(first, label, became, failure.step))
 
         self.ctx.arm_loss_trace(report)
-
-    def _hidden_loss_code(self, cap: Capture, failure: Failure) -> bool:
-        """Whether the loss code's forward made the inf/NaN behind a gradient overflow with a finite loss: an
-        op between the model and the loss (outside every model's forward) turned finite inputs into inf/NaN
-        that the loss discarded (a where or a clip) and the backward did not (0 * inf).  That op, found on the
-        failing step's own tape (``script.losstrace.LossSideTape``), is the root cause and is reported."""
-        first = self.ctx.loss_tape_first(failure.step)
-        if first is None:
-            return False
-        code = "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW"
-        self.ctx.ledger.add(code, key=HIDDEN_LOSS_CODE, op=first.op, step=failure.step, location=first.location,
-                            **hidden_code_text(first, self.ctx.models.label(cap.root), failure.step))
-        if failure.kind == "nonfinite_grads" and self.ctx.corrupted_by is None:
-            self.ctx.corrupted_by = (code, HIDDEN_LOSS_CODE, failure.step)  # the unguarded step applied them
-        return True
 
     def _boundary_overflow(self, cap: Capture, failure: Failure) -> None:
         """The gradient was non-finite where it reached the model's outputs: the backward of the code

@@ -54,6 +54,7 @@ import torch
 from ampkit.diagnose.step import compare
 from ampkit.diagnose.step.events import find_producer
 from ampkit.diagnose.step.fp8 import filter_layers, out_of_fp8
+from ampkit.diagnose.step.ownops import own_arithmetic_culprit
 from ampkit.diagnose.step.session import RunResult, Session, copy_model
 from ampkit.policy import Fp32Policy
 
@@ -412,6 +413,8 @@ def bisect_keep_fp32(session: Session, objective: Objective, candidates: list[st
                              "subset of them fixes it and none alone is a culprit", {}, None, gain, len(tried))
     effects = b.scan(tried) if tried else {}
     culprit = effect_culprit(effects, baseline or {}) if effects else None
+    if b.s.exclusion == "keep_fp32":  # a child that fixed it only by dragging its parent's own ops into fp32
+        culprit = own_arithmetic_culprit(effects, culprit, b.s, lambda: b.trial([]))
     if gain is not None and culprit is None and best_effect(effects, baseline or {})[1] < NO_EFFECT_DB:
         return BisectOutcome(None, b.trials, None,
                              f"spread: no module of the {len(effects)} tried, {kept} alone, raised the output SQNR "
