@@ -145,6 +145,27 @@ def test_watch_with_doctor_replays_a_nan_step_and_names_the_module() -> None:
     assert nan and nan[0].module == "log" and nan[0].step == 2
 
 
+def test_watch_with_doctor_replays_an_applied_nan_step_before_its_update_once() -> None:
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True)  # no scaler: the optimizer applies step 2's NaN gradients
+    model = accelerator.prepare(LossNet())
+    opt = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with watch(accelerator, model, opt, doctor=True) as watcher:
+            for step in range(1, 4):
+                x = torch.ones(2, 4)
+                if step == 2:
+                    x[1, 3] = math.nan
+                accelerator.backward(model(x))
+                opt.step()
+                opt.zero_grad()
+    assert not all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    doctor = [f for f in watcher.findings if "replay_reason" in f.evidence]
+    assert [(f.code, f.module, f.step) for f in doctor] == [("NONFINITE_INPUT", "fc", 2)]
+    assert doctor[0].evidence["consequence_steps"] == [3]
+
+
 def test_import_ampkit_loads_no_training_framework() -> None:
     code = ("import sys, ampkit, ampkit.integrations; "
             "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'deepspeed') if m in sys.modules))")

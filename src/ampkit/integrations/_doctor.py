@@ -23,6 +23,7 @@ from ampkit.diagnose.live import ReplayDoctor
 from ampkit.findings import Finding
 from ampkit.hooks import HookEvent, StepResult
 from ampkit.precision import Precision
+from ampkit.telemetry.gradscaler import GradScalerView
 from ampkit.telemetry.observe import loss_of
 
 if TYPE_CHECKING:
@@ -55,10 +56,16 @@ class LoopDoctor:
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the precision the framework runs.
         grad_accumulation: micro-batches per optimizer step (the loss the framework backpropagates
             is divided by it).
+        optimizers, scaler: the loop's optimizers and ``torch.amp.GradScaler`` (or None).  A step
+            pre-hook on each calls ``before_update`` when the optimizer is about to apply the
+            gradients, so on the CPU a failing step is replayed on the weights it ran with.  A call
+            ``optimizer.step(closure)`` runs forward and backward after that hook: the framework's
+            integration calls ``before_update`` itself (Lightning's ``on_before_optimizer_step``).
     """
 
     def __init__(self, model: nn.Module, precision: str, *, grad_accumulation: int = 1,
-                 roots: Sequence[nn.Module] = ()) -> None:
+                 roots: Sequence[nn.Module] = (), optimizers: Sequence[torch.optim.Optimizer] = (),
+                 scaler: Any = None) -> None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.doctor = ReplayDoctor()
         models = [model, *(r for r in roots if r is not model)]
@@ -66,6 +73,8 @@ class LoopDoctor:
         self.doctor.on_attach(self._as_engine)
         self._handles = [model.register_forward_hook(own_hook(model, self._on_output))]
         self._handles += [m.register_forward_hook(own_hook(m, self._on_root_output)) for m in models[1:]]
+        self._handles += [opt.register_step_pre_hook(self._before_step) for opt in optimizers]
+        self._view = GradScalerView(scaler)
         self._explicit_loss = False
         self._forwards = 0
         self._warned = False
@@ -100,6 +109,11 @@ class LoopDoctor:
         """Step ``step``'s gradients are ready and the framework has not applied them: on the CPU a failing
         step is replayed now, on the weights it ran with (``ReplayDoctor.before_update``)."""
         self.doctor.before_update(step, None, scale)
+
+    def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if (args and callable(args[0])) or callable(kwargs.get("closure")):
+            return  # this step's forward and backward have not run yet
+        self.before_update(self._engine.optimizer_steps + 1, self._view.scale())
 
     def record_loss(self, loss: torch.Tensor) -> None:
         """The loss the framework backpropagates, when the model's forward does not return it.

@@ -131,7 +131,8 @@ class Watcher:
         if strategy is not None:
             warnings.warn(f"ampkit: {framework} runs under {strategy.upper()}. {STRATEGY_NOTES[strategy]}",
                           StrategyWarning, stacklevel=3)
-        self.doctor = (LoopDoctor(model, precision.actual, grad_accumulation=grad_accumulation, roots=doctor_roots)
+        self.doctor = (LoopDoctor(model, precision.actual, grad_accumulation=grad_accumulation, roots=doctor_roots,
+                                  optimizers=optimizers, scaler=self.scaler)
                        if doctor and strategy is None else None)
         self.observer: LoopObserver = observe(
             list(optimizers), scaler=self.scaler, telemetry=telemetry, model=model, scheduler=scheduler,
