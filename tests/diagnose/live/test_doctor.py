@@ -273,3 +273,28 @@ def test_replay_of_an_applied_nan_step_names_the_data_once(caplog: pytest.LogCap
     assert f.evidence["nan_rows"] == [1]
     assert f.evidence["consequence_steps"] == [3, 4]
     assert len([r for r in caplog.records if "NONFINITE_INPUT" in r.getMessage()]) == 1
+
+
+def test_replay_after_an_applied_update_reports_the_non_finite_weights_once_and_says_why() -> None:
+    # A loop doctor whose optimizer it does not hook decides at the step's end, after the update, as on an
+    # accelerator: the replay of step 2 runs on the weights that step's NaN gradients already reached.
+    from ampkit.integrations._doctor import LoopDoctor
+
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    doctor = LoopDoctor(model, "bf16")
+    for step, x in enumerate(_batches(3, nan_at=1), start=1):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        doctor.record_loss(loss)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        doctor.step_end(step, None, None)
+    doctor.close()
+    weights = [f for f in doctor.findings if f.evidence.get("kind") == "parameter"]
+    assert len(weights) == 1 and weights[0].step == 2 and weights[0].evidence["weights"] == "after_update"
+    assert weights[0].evidence["parameters"] == ["0.bias", "0.weight", "3.bias", "3.weight"]
+    assert "after that step's update" in weights[0].message
+    assert not any("an earlier step" in f.message for f in doctor.findings)
+    assert {f.step for f in doctor.findings} == {2}

@@ -49,7 +49,9 @@ parameters of then (recorded as ``evidence.params_from_step``: the optimizer ste
 
 One cause, one finding: once a replay reported an error, a later failing step whose weights
 are already non-finite is its consequence — it is not replayed, and its step is added to that
-finding's ``evidence.consequence_steps``.
+finding's ``evidence.consequence_steps``.  Non-finite parameters seen by one replay are one
+finding (``evidence.parameters``); ``evidence.weights`` says whether they were the step's own
+(``before_step``: an earlier step wrote the inf/NaN) or those its applied update left (``after_update``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from ampkit.diagnose.live.capture import (
 )
 from ampkit.diagnose.live.findings import (
     fold_consequence,
+    fold_parameters,
     scale_collapse_finding,
     seed_finding,
     weights_nonfinite,
@@ -309,7 +312,9 @@ class ReplayDoctor(EngineHook):
                 self.replays += 1
             return
         self.replays += 1
-        self._run(cap, "non-finite loss" if loss_bad else "skipped step (non-finite gradients)")
+        # Decided after an update that was applied: the replay sees the weights that update wrote.
+        after = cap is not self._early and not skipped
+        self._run(cap, "non-finite loss" if loss_bad else "skipped step (non-finite gradients)", after_update=after)
 
     def replay(self, reason: str = "manual") -> list[Finding]:
         """Replay the last completed step fully instrumented and return its findings.
@@ -328,7 +333,7 @@ class ReplayDoctor(EngineHook):
             found = sort_findings([collapse, *found])
         return found
 
-    def _run(self, cap: StepCapture, reason: str) -> list[Finding]:
+    def _run(self, cap: StepCapture, reason: str, *, after_update: bool = False) -> list[Finding]:
         from ampkit.diagnose.step.api import diagnose_program
         from ampkit.diagnose.step.session import RngSnapshot, Session
 
@@ -374,7 +379,7 @@ class ReplayDoctor(EngineHook):
             message, fix = loss_in_low_precision(low[0], scale=scale_value(cap))
             found.append(Finding(code="LOSS_IN_LOW_PRECISION", severity="warning", message=message, fix=fix,
                                  step=cap.step, evidence={"loss_dtype": low[0]}))
-        found = sort_findings(found)
+        found = sort_findings(fold_parameters(found, cap.step, after_update=after_update))
         self.findings.extend(found)
         self._origin = next((f for f in found if f.severity == "error"), self._origin)
         _log(cap.step, reason, found)

@@ -12,10 +12,11 @@ from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_module
 from ampkit.findings import SCALE_COLLAPSE_CAUSES, Finding
 
-__all__ = ["fold_consequence", "scale_collapse_finding", "seed_finding", "weights_nonfinite"]
+__all__ = ["fold_consequence", "fold_parameters", "scale_collapse_finding", "seed_finding", "weights_nonfinite"]
 
-MAX_CONSEQUENCE_STEPS = 32
-"""Steps listed in ``evidence.consequence_steps``; later ones are counted in ``consequences`` only."""
+MAX_LISTED = 32
+"""Steps listed in ``evidence.consequence_steps`` (later ones are counted in ``consequences`` only), and
+parameter names in ``evidence.parameters`` (all are counted in ``count``)."""
 
 
 def seed_finding(losses: list[torch.Tensor], model: nn.Module, step: int, scale: float) -> Finding:
@@ -87,7 +88,7 @@ def fold_consequence(findings: list[Finding], origin: Finding, step: int) -> Fin
     replay would report every parameter again.
     """
     steps = list(origin.evidence.get("consequence_steps", []))
-    if len(steps) < MAX_CONSEQUENCE_STEPS:
+    if len(steps) < MAX_LISTED:
         steps.append(step)
     count = int(origin.evidence.get("consequences", 0)) + 1
     folded = replace(origin, evidence={**origin.evidence, "consequence_steps": steps, "consequences": count})
@@ -95,3 +96,34 @@ def fold_consequence(findings: list[Finding], origin: Finding, step: int) -> Fin
         if f is origin:
             findings[i] = folded
     return folded
+
+
+def fold_parameters(found: list[Finding], step: int, *, after_update: bool) -> list[Finding]:
+    """The replay's NONFINITE_INPUT findings of non-finite parameters folded into one (one cause, one finding).
+
+    ``after_update``: the replay ran on the weights after step ``step``'s own update (decided after the
+    optimizer step, as on an accelerator), so that update, not an earlier step, wrote the inf/NaN.
+    """
+    params = [f for f in found if f.code == "NONFINITE_INPUT" and f.evidence.get("kind") in ("parameter", "buffer")]
+    if not params:
+        return found
+    names = sorted(str(f.evidence.get("name")) for f in params)
+    shown = ", ".join(repr(n) for n in names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    if after_update:
+        message = (f"{len(names)} parameter(s) ({shown}) are non-finite in the replay of step {step}: it ran on the "
+                   "weights after that step's update, which applied the step's non-finite gradients (the doctor "
+                   "learns of a failure on an accelerator after the optimizer step, never waiting for the device), "
+                   "so the replay cannot show where the inf/NaN arose")
+        fix = ("Skip such steps instead of applying them: keep skip_nonfinite=True (the default of MixedPrecision) "
+               "or use a GradScaler; to see where the inf/NaN arose, run `ampkit doctor train.py`, or the step on "
+               "the CPU, where the live doctor replays a failing step before its update.")
+    else:
+        message = (f"{len(names)} parameter(s) ({shown}) are already non-finite before step {step}: an earlier "
+                   "step wrote inf/NaN into them")
+        fix = params[0].fix
+    first = params[0]
+    evidence = {**first.evidence, "parameters": names[:MAX_LISTED], "count": len(names),
+                "weights": "after_update" if after_update else "before_step"}
+    evidence.pop("name", None)
+    ids = {id(f) for f in params}
+    return [replace(first, message=message, fix=fix, evidence=evidence), *[f for f in found if id(f) not in ids]]
