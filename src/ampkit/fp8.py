@@ -54,6 +54,7 @@ __all__ = [
     "fp8_layer_names",
     "has_fp8_gemm",
     "is_float8_linear",
+    "require_torchao",
     "torchao_installed",
 ]
 
@@ -192,6 +193,11 @@ def _import_float8() -> Any:
     try:
         import torchao.float8
         import torchao.float8.float8_linear
+    except Exception as exc:  # a broken install fails in many ways: a missing symbol, a version clash
+        raise ImportError(
+            f"torchao is installed but `import torchao.float8` fails ({type(exc).__name__}: {exc}); install a "
+            f"working one with `{FP8_EXTRA}` (torchao 0.18), or use precision='bf16'"
+        ) from exc
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
@@ -335,6 +341,13 @@ def _recipe_of(f8: Any, config: Any) -> str | None:
         if all(getattr(config, c) == getattr(named, c) for c in _CASTS):
             return str(recipe.value)
     return None
+
+
+def require_torchao(precision: Precision) -> None:
+    """Import torchao's float8 training now (about 2 s), for a check before anything trains: raise
+    ``ImportError`` naming ``ampkit[fp8]`` when torchao is missing or fails to import."""
+    _require_torchao(precision)
+    _import_float8()
 
 
 def _require_torchao(precision: Precision) -> None:

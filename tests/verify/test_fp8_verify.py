@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -9,7 +11,7 @@ import torch
 
 from ampkit.verify.harness import default_precisions
 from ampkit.verify.report import load_schema
-from tests.verify.verify_helpers import task_ref, verify
+from tests.verify.verify_helpers import cli_command, task_ref, verify
 
 
 def test_verify_runs_both_fp8_recipes_and_notes_the_cpu_emulation(tmp_path: Path) -> None:
@@ -33,3 +35,19 @@ def test_verify_runs_both_fp8_recipes_and_notes_the_cpu_emulation(tmp_path: Path
 
 def test_fp8_is_never_in_the_default_set_on_cpu() -> None:
     assert "fp8" not in default_precisions(torch.device("cpu"))
+
+
+def test_verify_fp8_with_a_torchao_that_fails_to_import_exits_2_before_training(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow" / "torchao"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('libtorchao_ops.so: undefined symbol: _ZN3c10')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]),
+               TMPDIR=str(tmp_path))
+    out = tmp_path / "out"
+    proc = subprocess.run(cli_command("verify", task_ref("Regression"), "--precisions", "fp32,fp8", "--out", str(out),
+                                      "--no-measure-env", "--no-progress"),
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'ampkit[fp8]'" in proc.stderr and "undefined symbol: _ZN3c10" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and not list(tmp_path.glob("ampkit-verify-*")), "nothing trained, nothing written"

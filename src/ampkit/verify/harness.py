@@ -170,6 +170,7 @@ def plan(config: VerifyConfig) -> Plan:
             raise VerifyError(f"--precisions: {exc}") from exc
         if name not in names:
             names.append(name)
+    _check_fp8_imports([Precision.parse(n, device) for n in names])
     notes = []
     if config.precisions is None and _fp8_left_out(device):
         notes.append("fp8 is left out of the default precisions: this GPU has fp8 GEMMs but torchao is not "
@@ -194,6 +195,20 @@ def plan(config: VerifyConfig) -> Plan:
                 eval_every=eval_every, seed=config.seed, notes=tuple(notes), nproc=config.nproc,
                 scaling_baseline=config.scaling_baseline, noise_band=config.noise_band,
                 size=getattr(task, "size", None))
+
+
+def _check_fp8_imports(precisions: list[Precision]) -> None:
+    # Here, not in the fp8 worker: a torchao that fails to import would otherwise surface only after
+    # the fp32 baseline trained, as a raw ImportError.  Costs the import (about 2 s) when fp8 is asked.
+    fp8 = [p for p in precisions if p.is_fp8]
+    if not fp8:
+        return
+    from ampkit.fp8 import require_torchao
+
+    try:
+        require_torchao(fp8[0])
+    except ImportError as exc:
+        raise VerifyError(f"--precisions {','.join(p.name for p in fp8)}: {exc}") from exc
 
 
 def _fp8_left_out(device: torch.device) -> bool:
