@@ -121,3 +121,15 @@ def test_report_ctrl_c_during_the_writes_leaves_three_files_of_one_run_and_no_te
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert f"Created {created} with" in md, f"report.json is from {created!r}, report.md is not"
     assert f"{created} · ampkit" in page, f"report.json is from {created!r}, report.html is not"
+
+
+def test_report_final_loss_column_says_it_is_the_mean_of_the_window(regression_job: Job) -> None:
+    from ampkit.verify.report import FINAL_LOSS_WINDOW
+
+    said = f"mean of the last {FINAL_LOSS_WINDOW} finite training losses"
+    md, page = (regression_job.out / "report.md").read_text(), (regression_job.out / "report.html").read_text()
+    assert said in md and said in page
+    assert f"final loss (mean of last {FINAL_LOSS_WINDOW})" in md and f"final loss (mean of last {FINAL_LOSS_WINDOW})" in page
+    losses = regression_job.run("fp32")["loss"][-FINAL_LOSS_WINDOW:]
+    row = next(line for line in md.splitlines() if line.startswith("| fp32 | ok |"))
+    assert row.split("|")[3].strip() == format(sum(losses) / len(losses), ".4g")

@@ -29,6 +29,15 @@ MEMORY_DEFINITION = (
 )
 
 
+FINAL_LOSS_WINDOW = 10
+"""The final-loss column is the mean of each run's last this many finite training losses."""
+FINAL_LOSS_LABEL = f"final loss (mean of last {FINAL_LOSS_WINDOW})"
+FINAL_LOSS_DEFINITION = (
+    f"Final loss: the mean of the last {FINAL_LOSS_WINDOW} finite training losses of the run (a non-finite loss is "
+    "left out), which one noisy batch moves less than the last loss; the loss curve shows every step."
+)
+
+
 def load_schema() -> dict[str, Any]:
     """The JSON Schema of ``report.json`` (``ampkit/schemas/verify.schema.json``)."""
     text = resources.files("ampkit").joinpath("schemas/verify.schema.json").read_text(encoding="utf-8")
@@ -60,7 +69,7 @@ def _mib(value: Any) -> str:
 
 def _final_loss(run: dict[str, Any]) -> float | None:
     finite = [x for x in run.get("loss") or [] if x is not None]
-    tail = finite[-10:]
+    tail = finite[-FINAL_LOSS_WINDOW:]
     return sum(tail) / len(tail) if tail else None
 
 
@@ -192,7 +201,7 @@ def render_markdown(report: dict[str, Any]) -> str:
           "; ".join(c["reasons"] + c.get("notes", []))] for c in report["comparison"]))
     out += ["", "## Runs", ""]
     out += _md_table(
-        ["precision", "status", "final loss", *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
+        ["precision", "status", FINAL_LOSS_LABEL, *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
          "peak memory", "training memory", "wall s"],
         ([r["precision"], r["status"], _num(_final_loss(r)), *_metric_cells(report, r), str(r["skipped_steps"]),
           str(r["nonfinite_steps"]), _num((r["throughput"] or {}).get("samples_per_s"), ".1f"),
@@ -214,6 +223,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"- Skipped steps allowed: {tol['skipped']:.2%}; non-finite losses allowed: {tol['nonfinite']:.2%}"
             + (f"; minimum speed-up {tol['min_speedup']:.2f}x" if tol.get("min_speedup") else "") + ".",
             *(f"- {_md(line)}" for line in _band_definition(proto)),
+            f"- {FINAL_LOSS_DEFINITION}",
             f"- Memory: {MEMORY_DEFINITION}",
             "- Every run starts from the same initial weights (SHA-256 of the state_dict, checked) and sees the "
             "same batches in the same order (SHA-256 of the first batches, checked); throughput excludes warm-up "
@@ -302,6 +312,7 @@ def _definitions(proto: dict[str, Any]) -> list[str]:
         f"Skipped steps allowed: {tol['skipped']:.2%}. Non-finite losses allowed: {tol['nonfinite']:.2%}."
         + (f" Minimum speed-up: {tol['min_speedup']:.2f}x." if tol.get("min_speedup") else ""),
         *_band_definition(proto),
+        FINAL_LOSS_DEFINITION,
         f"Memory: {MEMORY_DEFINITION}",
         "Same initial weights (SHA-256 of the state_dict) and same batches (SHA-256 of the first batches) are "
         "checked for every run; throughput excludes the warm-up steps and the evaluations.",
@@ -347,7 +358,7 @@ def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
 <h2>Charts</h2>
 <div class="charts">{chart_html}</div>
 <h2>Runs</h2>
-{_html_table(["precision", "status", "final loss", *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
+{_html_table(["precision", "status", FINAL_LOSS_LABEL, *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
               "peak memory", "training memory", "wall s", "init sha256"], _run_rows(report))}
 {scaling_html}
 {errors}
@@ -387,7 +398,7 @@ def summary_table(report: dict[str, Any]) -> Any:
     title = Text(f"ampkit verify: {report['task']['name']} on {report['protocol']['device']}")
     table = Table(title=title, title_justify="left")
     metric_names = list(report["task"]["metrics"])
-    for col in ["precision", "verdict", "final loss", *metric_names, "loss dist", "skipped", "samples/s",
+    for col in ["precision", "verdict", FINAL_LOSS_LABEL, *metric_names, "loss dist", "skipped", "samples/s",
                 "speed-up", "memory", "reasons"]:
         table.add_column(Text(col), overflow="fold",
                          justify="left" if col in ("precision", "verdict", "reasons") else "right")
