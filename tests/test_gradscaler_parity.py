@@ -162,6 +162,25 @@ def test_engine_refuses_clipping_sparse_gradients_and_clips_nothing(seed):
     _assert_same_params(model, before)
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_engine_sparse_clip_error_without_prepare_names_the_parameter_or_how_to(seed, named: bool) -> None:
+    model = _SparseNet()
+    opt = torch.optim.SGD(model.named_parameters() if named else model.parameters(), lr=1e-3)
+    mp = ampkit.MixedPrecision("fp16", device="cpu", clip_grad_norm=1.0, scaler=ampkit.DynamicLossScaler(init_scale=1.0))
+    idx, y = _sparse_data(1)[0]
+    with mp.autocast():
+        loss = _sparse_loss(model, idx, y)
+    mp.backward(loss)
+    with pytest.raises(NotImplementedError) as info:
+        mp.step(opt)
+    message = str(info.value)
+    if named:  # the optimizer's param groups carry the names
+        assert "parameter 'emb.weight' has one" in message
+    else:
+        assert "a parameter of shape [12, 8] has one" in message
+        assert "mp.prepare(model)" in message and "model.named_parameters()" in message
+
+
 # -- 2. uncoalesced fp16 sparse gradients ------------------------------------------------------------------------
 _IDX = torch.tensor([[0, 1, 0], [2, 0, 2]])
 """Two entries at (0, 2): torch's own sparse-unscale test.  In fp16, 32000 + 32000 fits but 64000 + 64000 does not."""

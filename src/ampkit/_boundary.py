@@ -78,10 +78,12 @@ def grads_to_unscale(opt: torch.optim.Optimizer, *, local: bool) -> list[torch.T
 
 def clip_or_norm(
     params: Sequence[torch.Tensor], max_norm: float | None, models: Sequence[nn.Module] = (),
+    optimizers: Sequence[torch.optim.Optimizer] = (),
 ) -> torch.Tensor:
     """Clip the gradients of ``params`` to ``max_norm`` (None: no clipping); return their global norm.
 
-    ``models`` name a parameter in the error for sparse gradients with clipping.
+    ``models`` (those passed to ``prepare``), else the ``param_names`` of ``optimizers`` built from
+    ``named_parameters()``, name a parameter in the error for sparse gradients with clipping.
     """
     if max_norm is None:
         return global_grad_norm([p.grad for p in params if p.grad is not None])
@@ -93,7 +95,7 @@ def clip_or_norm(
         if not sparse:
             raise
         # The norm fails before any gradient is multiplied: nothing was clipped.
-        raise NotImplementedError(_sparse_clip_message(sparse[0], max_norm, models)) from exc
+        raise NotImplementedError(_sparse_clip_message(sparse[0], max_norm, models, optimizers)) from exc
 
 
 def checks_by_norm(params: Iterable[torch.Tensor]) -> bool:
@@ -123,11 +125,19 @@ def found_inf_from_norm(norm: torch.Tensor | None, device: torch.device) -> torc
     return torch.isfinite(norm).logical_not().to(device=device, dtype=torch.float32)
 
 
-def _sparse_clip_message(p: torch.Tensor, max_norm: float, models: Sequence[nn.Module]) -> str:
+def _sparse_clip_message(p: torch.Tensor, max_norm: float, models: Sequence[nn.Module],
+                         optimizers: Sequence[torch.optim.Optimizer]) -> str:
     names = [n for m in models for n, q in m.named_parameters() if q is p]
+    # torch >= 2.6 keeps the names of an optimizer built from named_parameters() in each group.
+    names += [n for opt in optimizers for g in opt.param_groups
+              for n, q in zip(g.get("param_names") or (), g["params"]) if q is p]
     what = f"parameter {names[0]!r}" if names else f"a parameter of shape {list(p.shape)}"
+    unnamed = "" if names else (
+        " (call mp.prepare(model) before training, or build the optimizer from model.named_parameters(), and this "
+        "error names the parameter)"
+    )
     return (
-        f"MixedPrecision(clip_grad_norm={max_norm!r}) cannot clip sparse gradients, and {what} has one: "
+        f"MixedPrecision(clip_grad_norm={max_norm!r}) cannot clip sparse gradients, and {what} has one{unnamed}: "
         "torch.nn.utils.clip_grad_norm_ has no norm for sparse tensors (linalg_vector_norm has no sparse "
         "kernel). Build the engine with clip_grad_norm=None (the step still reports the gradient norm), or "
         "let the module produce dense gradients (e.g. nn.Embedding(..., sparse=False))"

@@ -416,7 +416,7 @@ class Engine:
 
     def _clip_and_norm(self, opts: Sequence[torch.optim.Optimizer]) -> torch.Tensor | None:
         params = [p for opt in opts for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        return _boundary.clip_or_norm(params, self.clip_grad_norm, self.models) if params else None
+        return _boundary.clip_or_norm(params, self.clip_grad_norm, self.models, opts) if params else None
 
     def _check_optimizer(self, opt: torch.optim.Optimizer) -> None:
         state = self._opt_states.setdefault(id(opt), _OptState())
