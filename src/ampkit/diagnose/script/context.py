@@ -131,8 +131,8 @@ class Context:
         self.corrupted_by: tuple[str, Any, int] | None = None
         """(code, key, step) of the finding whose non-finite gradients an unguarded optimizer step applied:
         a model input that goes non-finite after it is its consequence, folded into its evidence."""
-        self._tapes: list[LossSideTape] = []
-        """The loss-side tapes of this iteration and the one before (a failure read one iteration late)."""
+        self._tape: LossSideTape | None = None
+        """The loss-side calls of this iteration (``losstrace.LossSideTape``)."""
 
     # The watchers and the shared state, under the names the rules and the runner read.
     autocast = _WatcherOf(AutocastWatch)
@@ -239,28 +239,27 @@ class Context:
 
     # -- the loss-side tape of every low-precision iteration (``script.losstrace.LossSideTape``) ----------
     def _open_tape(self, cap: Capture) -> None:
-        tape = self._tapes[-1] if self._tapes else None
+        tape = self._tape
         if cap.low_precision is None or self.state.paused or self._loss_trace is not None or (
-                tape is not None and tape.step == self.step):
-            return  # one tape per iteration; the traced iteration has its trace
-        tape = LossSideTape(self.code, lambda: self.state.paused or self.models.in_forward, self.step)
-        tape.__enter__()
-        self._tapes = [*self._tapes[-1:], tape]
+                tape is not None and not tape.closed):
+            return  # one tape at a time (one left open by another thread stays the only one); a traced
+            # iteration has its trace
+        self._tape = LossSideTape(self.code, lambda: self.state.paused or self.models.in_forward, self.step)
+        self._tape.__enter__()
 
-    def _close_tape(self) -> None:  # the iteration ended: its tape is kept for one more
-        tape = self._tapes[-1] if self._tapes else None
+    def _close_tape(self) -> None:
+        """The iteration ended: its tape stops and lets its tensors go (a failure is judged during its step)."""
+        tape = self._tape
         if tape is not None and not tape.closed and tape.thread == threading.get_ident():
             tape.__exit__(None, None, None)
             tape.closed = True
-        for old in self._tapes[:-1]:
-            old.release()
-        self._tapes = self._tapes[-1:]
+            tape.release()
 
     def loss_tape_first(self, step: int) -> FirstBad | None:
         """The first call between the model and the loss that made a non-finite value on ``step`` itself,
         from its tape; None when the step was not recorded or its recorded calls stayed finite."""
-        tape = next((t for t in self._tapes if t.step == step), None)
-        return None if tape is None else tape.first_bad()
+        tape = self._tape
+        return None if tape is None or tape.step != step else tape.first_bad()
 
     def taped_loss_code(self, label: str, became: str, step: int) -> bool:
         """Report the op of ``step``'s own loss-side calls that made its non-finite loss; False without one."""
