@@ -28,8 +28,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit import _boundary, _guards
+from ampkit import _boundary
 from ampkit import hooks as _hooks
+from ampkit._guards import (
+    check_backward_loss,
+    check_no_closure,
+    check_optimizer,
+    check_param,
+    no_gradients_error,
+)
 from ampkit._state import EngineState, check_engine_state
 from ampkit._util.nested import flatten_tensors
 from ampkit.config import EngineConfig
@@ -170,7 +177,10 @@ class Engine:
 
     def emit(self, event: _hooks.HookEvent) -> bool:
         """Deliver ``event`` to every hook's ``on_event``; True when one of them acted on it."""
-        return any([bool(hook.on_event(self, event)) for hook in list(self._hooks)])  # a list: every hook runs
+        handled = False
+        for hook in list(self._hooks):
+            handled = bool(hook.on_event(self, event)) or handled
+        return handled
 
     def close(self) -> None:
         """Close every hook (flush telemetry, remove module hooks).  Idempotent."""
@@ -193,13 +203,14 @@ class Engine:
 
     def autocast(self) -> torch.autocast:
         """The autocast context for the forward pass and the loss."""
-        return torch.autocast(device_type=self.device.type, dtype=self.precision.dtype,
-                              enabled=self.precision.autocast_enabled)
+        return torch.autocast(
+            device_type=self.device.type, dtype=self.precision.dtype, enabled=self.precision.autocast_enabled
+        )
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Check ``model``, convert it for fp8, apply keep-fp32; returns the model to train (fp8: maybe a new one)."""
         for name, p in model.named_parameters():
-            _guards.check_param(p, where=f"parameter {name!r}", device=self.device, scaled=self.scaler.enabled)
+            check_param(p, where=f"parameter {name!r}", device=self.device, scaled=self.scaler.enabled)
         self.policy.check_unshared(model)
         model = self.fp8.convert(model)
         self.policy.apply(model)
@@ -210,8 +221,11 @@ class Engine:
         return model
 
     def release(self, model: nn.Module) -> list[str]:
-        """Remove the keep-fp32 hooks this engine's ``prepare`` put on ``model`` (another engine's ``prepare``
-        refuses them); returns the module names.  ``close`` leaves them: models are evaluated after training."""
+        """Remove the keep-fp32 hooks this engine's ``prepare`` put on ``model``; returns the module names.
+
+        Before another engine prepares the same model (it refuses modules this one keeps and it does
+        not).  ``close`` leaves them: a model is often evaluated after training.
+        """
         return self.policy.release(model)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
@@ -246,17 +260,19 @@ class Engine:
     def scale_loss(self, loss: Any) -> Any:
         """Everything ``backward`` does before ``.backward()``; returns the tensor(s) to run it on.
 
-        For a framework that runs backward itself (a Lightning precision plugin): the hooks see ``loss``,
-        the non-finite flag is recorded, and the result is divided and scaled.  Like ``GradScaler.scale``,
-        ``loss`` may be a tensor or nested lists/tuples (any iterable) of tensors, and the result has the
-        same structure (an iterable that is not a list or tuple comes back as an iterator).  No warning
-        for a call inside autocast: the framework places it."""
+        For a framework that runs backward itself (a Lightning precision plugin): the hooks see
+        ``loss``, the non-finite flag is recorded, and the result is divided and scaled.  Like
+        ``GradScaler.scale``, ``loss`` may be a tensor or nested lists/tuples (any iterable) of
+        tensors, and the result has the same structure (an iterable that is not a list or tuple
+        comes back as an iterator).  No warning for a call inside autocast: the framework, not
+        the user, places that call.
+        """
         return self._scale_leaves(loss, "mp.scale_loss(loss)")[1]
 
     def _scale_leaves(self, loss: Any, call: str, *, seeded: bool | None = None) -> tuple[list[torch.Tensor], Any]:
         leaves, rebuild = flatten_tensors(loss, call=call)
         if seeded is not None:  # mp.backward: a loss backward would refuse is refused before any hook sees it
-            _guards.check_backward_loss(leaves, seeded=seeded)
+            check_backward_loss(leaves, seeded=seeded)
         for leaf in leaves:
             # One call per tensor, as if each had its own mp.backward: hooks see tensors only.
             for hook in self._hooks:
@@ -277,10 +293,12 @@ class Engine:
     def step(
         self, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], closure: object = None,
     ) -> _hooks.StepResult:
-        """Count one micro-batch; at the boundary unscale, clip, step or skip, update, zero_grad.  A
-        ``closure``, or an optimizer whose step needs one (LBFGS), is refused before anything moves."""
+        """Count one micro-batch; at the boundary unscale, clip, step or skip, update, zero_grad.
+
+        A ``closure``, or an optimizer whose step needs one (LBFGS), is refused before anything moves.
+        """
         opts = _boundary.as_optimizers(optimizers)
-        _guards.check_no_closure(opts, closure)
+        check_no_closure(opts, closure)
         self.micro_step += 1
         if self.micro_step < self.grad_accumulation:
             return _hooks.StepResult(boundary=False, optimizer_step=self.optimizer_steps)
@@ -290,7 +308,7 @@ class Engine:
         scale = self.scale
         per_opt_found, grad_norm = self._unscale_and_clip(opts)
         if grad_norm is None:  # no parameter had a gradient; after the unscale hooks, whose refusals say more
-            raise _guards.no_gradients_error(opts)
+            raise no_gradients_error(opts)
         found_inf = per_opt_found[0] if len(per_opt_found) == 1 else torch.stack(per_opt_found).sum()
         for hook in self._hooks:
             hook.before_optimizer_step(self, opts, found_inf, grad_norm)
@@ -301,8 +319,10 @@ class Engine:
         scale_used = scale.clone() if self.scaler.enabled else scale
         self.scaler.update(found_inf)
         self.optimizer_steps += 1
-        result = _hooks.StepResult(boundary=True, found_inf=found_inf, grad_norm=grad_norm, scale=scale_used,
-                                   optimizer_step=self.optimizer_steps)
+        result = _hooks.StepResult(
+            boundary=True, found_inf=found_inf, grad_norm=grad_norm, scale=scale_used,
+            optimizer_step=self.optimizer_steps,
+        )
         for hook in self._hooks:
             hook.after_step(self, result, opts)
         for opt in opts:
@@ -403,7 +423,7 @@ class Engine:
         count = sum(len(g["params"]) for g in opt.param_groups)
         if state.checked and state.param_count == count:
             return
-        _guards.check_optimizer(opt, device=self.device, scaled=self.scaler.enabled)
+        check_optimizer(opt, device=self.device, scaled=self.scaler.enabled)
         state.by_norm = _boundary.checks_by_norm(p for g in opt.param_groups for p in g["params"])
         state.checked, state.param_count = True, count
 
