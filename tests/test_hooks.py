@@ -213,23 +213,3 @@ def test_hooks_wait_found_inf_runs_after_clipping(seed: int) -> None:
     assert result.grad_norm is not None and float(result.grad_norm) > 1e-2  # the norm before clipping
     assert reducer.clipped_norms[0] <= 1e-3 * 1.01  # the gradients wait_found_inf saw were clipped
 
-
-def test_hooks_engine_module_keeps_deprecated_aliases() -> None:
-    import ampkit.engine
-
-    for name, target in (("EngineHook", EngineHook), ("StepResult", StepResult)):
-        with pytest.warns(DeprecationWarning, match=f"ampkit.engine.{name} is deprecated"):
-            assert getattr(ampkit.engine, name) is target
-    with pytest.warns(DeprecationWarning, match="use ampkit.MixedPrecision"):
-        alias = ampkit.engine.MixedPrecision
-    assert issubclass(alias, Engine) and isinstance(alias("bf16", device="cpu"), Engine)
-
-
-@pytest.mark.parametrize("shorthand", ["telemetry", "doctor"])
-def test_hooks_deprecated_engine_alias_refuses_the_public_shorthands_by_name(shorthand: str) -> None:
-    import ampkit.engine
-
-    with pytest.warns(DeprecationWarning):
-        alias = ampkit.engine.MixedPrecision
-    with pytest.raises(TypeError, match=rf"{shorthand}=.*use ampkit.MixedPrecision, which does"):
-        alias("bf16", device="cpu", **{shorthand: True})

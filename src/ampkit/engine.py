@@ -441,28 +441,3 @@ class Engine:
     def __iter__(self) -> Iterator[Any]:  # pragma: no cover - guard against `for x in mp`
         raise TypeError("MixedPrecision is not iterable; use mp.autocast(), mp.backward(loss), mp.step(opt)")
 
-
-class _EngineAlias(Engine):
-    """``ampkit.engine.MixedPrecision``: the bare engine; the public class's shorthands would import upward."""
-
-    def __init__(self, precision: str | Precision = "auto", **engine: Any) -> None:
-        if given := [f"{n}=" for n in ("telemetry", "doctor") if n in engine]:
-            raise TypeError(f"ampkit.engine.MixedPrecision(..., {given[0]}...): the deprecated alias is the bare engine, "
-                            f"which has no {given[0]} argument; use ampkit.MixedPrecision, which does")
-        super().__init__(precision, **engine)
-
-
-_DEPRECATED = {  # names this module exported before the hook protocol and the public class moved out
-    "MixedPrecision": ("ampkit.MixedPrecision", lambda: _EngineAlias),
-    "EngineHook": ("ampkit.hooks.EngineHook", lambda: _hooks.EngineHook),
-    "StepResult": ("ampkit.hooks.StepResult", lambda: _hooks.StepResult),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _DEPRECATED:
-        raise AttributeError(f"module 'ampkit.engine' has no attribute {name!r}")
-    new, value = _DEPRECATED[name]
-    warnings.warn(f"ampkit.engine.{name} is deprecated and will be removed in the next version; "
-                  f"use {new}", DeprecationWarning, stacklevel=2)
-    return value()
