@@ -157,8 +157,10 @@ class LossSideTape(TorchFunctionMode):
         if func is torch.Tensor.backward or func is torch.autograd.backward:
             self.stopped = True  # the loss is made
         out = func(*args, **(kwargs or {}))
+        # Not kept: attribute reads, and ``torch.autograd.grad`` (a gradient penalty's; or a wrapper of it):
+        # its outputs are gradients, which the backward's watchers judge.
         if not self.stopped and len(self.calls) < TAPE_LIMIT and threading.get_ident() == self.thread \
-                and getattr(func, "__name__", "") != "__get__" and not self.paused():
+                and getattr(func, "__name__", "") not in ("__get__", "grad") and not self.paused():
             self.calls.append(_Call(func, args, kwargs or {}, out, self.frames.caller()))
         return out
 
