@@ -22,6 +22,7 @@ autograd keeps anyway for the backward).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -167,7 +168,7 @@ class LossSideTape(TorchFunctionMode):
     def first_bad(self) -> FirstBad | None:
         """The first recorded call that turned finite inputs into inf/NaN (reads each tensor)."""
         for c in self.calls:
-            found = first_bad(c.func, (c.args, c.kwargs), c.out, lambda c=c: c.location)
+            found = first_bad(c.func, (c.args, c.kwargs), c.out, functools.partial(getattr, c, "location"))
             if found is not None:
                 return found
         return None
