@@ -2,13 +2,20 @@
 
 Data path of one optimizer step (all on the device, no host sync):
 
-1. ``on_backward`` adds the user's loss (unscaled, undivided) to a 3-slot accumulator and
-   counts it when inf/NaN; a forward pre-hook on each prepared model counts forward calls
-   whose floating inputs hold inf/NaN (``aminmax``: one read of the input);
+1. ``on_backward`` keeps the user's loss (unscaled, undivided, detached: no kernel); a forward
+   pre-hook on each prepared model keeps the bounds of its floating inputs (``aminmax``: one
+   read of the input);
 2. ``before_optimizer_step`` (gradients unscaled, clipped, not yet applied; on a skipped
-   fp16 step they still hold the inf/NaN) writes found_inf, the gradient norm, the clip
-   coefficient and the gradient element counts into the step's row;
-3. ``after_step`` writes the scale used and the scale after the update, then commits the row.
+   fp16 step they still hold the inf/NaN) collects the step's values: the loss sum, the input
+   bounds' sum, found_inf, the gradient norm, the clip coefficient and the gradient element counts;
+3. ``after_step`` adds the scale used, the scale after the update and the learning rate, and
+   writes them all into the step's row with one ``torch.stack(..., out=row)``, which also
+   snapshots the values that change in place later (the scale, a tensor learning rate).
+
+A step therefore costs a handful of kernels whatever the number of parameters or micro-batches
+(docs/telemetry.md, "Cost"); whether a loss or an input was inf/NaN is read on the host at the
+flush, off the float64 sums (a sum of finite fp32/bf16 values cannot overflow in float64, and an
+inf or NaN term makes it inf or NaN).
 
 The engine hooks are thin calls of the recording API (``record_loss``, ``count_grads``,
 ``begin_step``, ``end_step``), which reads the loop's settings from a ``StepSource``: the
@@ -24,9 +31,7 @@ actions run.  Between flushes nothing reaches the host, so alarms react up to
 from __future__ import annotations
 
 import atexit
-import contextlib
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,14 +41,15 @@ from typing_extensions import override
 
 from ampkit._util.modhooks import own_hook
 from ampkit.engine import Engine
-from ampkit.hooks import EngineHook, HookEvent, StepResult
-from ampkit.telemetry.alarms import Alarm, AlarmEvent, AlarmWarning, Monitor, TrainingStopped, default_alarms
+from ampkit.hooks import EngineHook, StepResult, overrides
+from ampkit.telemetry.alarms import Alarm, AlarmEvent, Monitor, default_alarms
+from ampkit.telemetry.delivery import act, deliver, guarded
 from ampkit.telemetry.exitflush import close_at_exit
 from ampkit.telemetry.fp8stats import Fp8Stats
 from ampkit.telemetry.gradcounts import StepGradCounts, grads_of, params_with_grads
 from ampkit.telemetry.metrics import COL, MetricBuffer, ModuleAbsmax
 from ampkit.telemetry.records import StepMeta, current_rank, floating_tensors, make_record
-from ampkit.telemetry.sinks import Sink, SinkFailedWarning, as_sink
+from ampkit.telemetry.sinks import Sink, as_sink
 from ampkit.telemetry.source import StepSource
 
 __all__ = ["MAX_FLUSH_EVERY", "Telemetry"]
@@ -142,9 +148,18 @@ class Telemetry(EngineHook):
         self._closed = False
         self._meta: list[StepMeta] = []
         self._pending: StepMeta | None = None
+        self._pending_values: list[torch.Tensor] = []
+        """The row values ``begin_step`` collected, ``COLUMNS`` order up to ``scale`` (written by ``end_step``)."""
         self._watched: dict[int, Any] = {}
         self._n_models = 0
-        self._losses = 0
+        self._step_losses: list[torch.Tensor] = []
+        """This step's losses, detached, read at the boundary."""
+        self._bounds: list[torch.Tensor] = []
+        """min and max of each watched floating input since the previous boundary."""
+        self._step_grads: list[torch.Tensor] | None = None
+        """The gradients ``count_grads`` fetched (and counted or noted) for the step ``begin_step`` records next."""
+        self._hooks_seen: tuple[EngineHook, ...] = ()
+        self._hooks_settled = False
 
     def add_alarm(self, alarm: Alarm) -> Monitor:
         """Add ``alarm`` to the rules evaluated at each flush; returns its monitor."""
@@ -173,9 +188,10 @@ class Telemetry(EngineHook):
         self.engine = source
         device = source.device
         self.buffer = MetricBuffer(device, self.flush_every)
-        self._acc = torch.zeros(3, dtype=self.buffer.dtype, device=device)
+        # Constants of the rows: never written, so a row may hold them as they are (the stack copies).
         self._nan = torch.full((), math.nan, dtype=torch.float32, device=device)
         self._one = torch.ones((), dtype=torch.float32, device=device)
+        self._zero = torch.zeros((), dtype=torch.float32, device=device)
         self._grad_counts = StepGradCounts(device, self.zero_grads_every)
         self._modules = ModuleAbsmax(device)
         self._fp8 = Fp8Stats(device, self.fp8_stats_every, lambda: source.optimizer_steps + 1, self.buffer.dtype)
@@ -203,9 +219,8 @@ class Telemetry(EngineHook):
         if self._closed or not torch.is_grad_enabled():
             return  # evaluation forwards are not part of the step
         for t in floating_tensors(args, kwargs):
-            # min and max in one read; either is inf/NaN iff an element is.
-            bounds = torch.stack(torch.aminmax(t.detach().reshape(-1)))
-            self._acc[2].add_(torch.isfinite(bounds).all().logical_not())
+            # min and max in one read; either is inf/NaN iff an element is (judged at the flush).
+            self._bounds.extend(torch.aminmax(t.detach().reshape(-1)))
 
     # -- engine hooks: thin calls of the recording API below -------------------------------------------
     @override
@@ -221,7 +236,21 @@ class Telemetry(EngineHook):
     def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         # Counted before clipping: on a skipped step clip_grad_norm_ multiplies every gradient by a
         # NaN coefficient, which would make every element look non-finite.
-        self.count_grads(optimizers)
+        self.count_grads(optimizers, settled=self._settled(engine))
+
+    def _settled(self, engine: Engine) -> bool:
+        """Whether no other hook of ``engine`` can change a gradient between this hook's ``after_unscale``
+        and its ``before_optimizer_step``: none after it has an ``after_unscale``, none a found_inf reduction
+        or wait, none before it a ``before_optimizer_step``.  Decided once per hook list (a tuple compare)."""
+        hooks = engine.hooks
+        if hooks != self._hooks_seen:
+            mine = next((i for i, h in enumerate(hooks) if h is self), len(hooks))
+            self._hooks_seen = hooks
+            self._hooks_settled = not any(
+                (i > mine and overrides(h, "after_unscale")) or overrides(h, "reduce_found_inf")
+                or overrides(h, "wait_found_inf") or (i < mine and overrides(h, "before_optimizer_step"))
+                for i, h in enumerate(hooks) if h is not self)
+        return self._hooks_settled
 
     @override
     def before_optimizer_step(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer],
@@ -239,23 +268,27 @@ class Telemetry(EngineHook):
         if self._closed:
             return
         self._watch_new_models()
+        # Kept, not reduced: the boundary sums the step's losses in one kernel (none for one loss).
         value = loss.detach()
-        value = value.reshape(()) if value.numel() == 1 else value.float().mean()
-        self._acc[0].add_(value)
-        self._acc[1].add_(torch.isfinite(value).logical_not())
-        self._losses += 1
+        if value.dim():
+            value = value.reshape(()) if value.numel() == 1 else value.float().mean()
+        self._step_losses.append(value)
 
-    def count_grads(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def count_grads(self, optimizers: Sequence[torch.optim.Optimizer], *, settled: bool = False) -> None:
         """Count zero and non-finite gradient elements before the engine clips (else ``begin_step``
-        counts them); on CPU this may only note the gradients (``ampkit.telemetry.gradcounts``)."""
+        counts them); on CPU this may only note the gradients, or (``settled``: no other hook can change
+        them before ``begin_step``) leave them alone (``ampkit.telemetry.gradcounts``)."""
         source = self.engine
         if not self._closed and source is not None:
-            self._grad_counts.before_clip(grads_of(params_with_grads(optimizers)), source.optimizer_steps + 1,
-                                          engine_clips=source.clip_grad_norm is not None)
+            # begin_step of the same step reads the element count of the counted gradients from here.
+            self._step_grads = self._grad_counts.before_clip(
+                lambda: grads_of(params_with_grads(optimizers)), source.optimizer_steps + 1,
+                engine_clips=source.clip_grad_norm is not None, settled=settled)
 
     def begin_step(self, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
                    grad_norm: torch.Tensor | None, *, grads: bool = True, lr: Any = None) -> None:
-        """Write the step's row: losses, ``found_inf``, norm, clip coefficient, gradient counts, lr.
+        """Collect the step's values: losses, input bounds, ``found_inf``, norm, clip coefficient, gradient
+        counts, lr (``end_step`` writes them).
 
         ``grads=False`` when the gradients are gone (an observed step that no hook saw):
         ``nonfinite_grads`` and ``zero_grad_fraction`` are then None.  ``lr`` overrides the
@@ -264,37 +297,51 @@ class Telemetry(EngineHook):
         source = self.engine
         if self._closed or source is None:
             return
-        r = len(self._meta)
-        params = params_with_grads(optimizers) if grads else []
-        local = grads_of(params)
         step = source.optimizer_steps + 1
-        zeros, nonfinite = self._grad_counts.take(local, step, grad_norm) if grads else (self._nan, self._nan)
+        counted, self._step_grads = self._step_grads, None
+        fetched: list[list[torch.Tensor]] = []
+
+        def current() -> list[torch.Tensor]:  # the gradients the parameters hold now, fetched once
+            if not fetched:
+                fetched.append(grads_of(params_with_grads(optimizers)))
+            return fetched[0]
+
+        zeros, nonfinite = self._grad_counts.take(current, step, grad_norm) if grads else (self._nan, self._nan)
         norm = self._nan if grad_norm is None else grad_norm
         max_norm = source.clip_grad_norm
         clip = self._one if max_norm is None else torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # torch's formula
-        row = self.buffer.data[r]
-        row[COL["loss_sum"]:COL["found_inf"]].copy_(self._acc)
-        row[COL["found_inf"]:COL["nonfinite_grads"]].copy_(torch.stack([found_inf.float(), norm, clip]))
-        row[COL["nonfinite_grads"]:COL["scale"]].copy_(torch.stack([nonfinite, zeros]))
-        self._acc.zero_()
+        losses, self._step_losses = self._step_losses, []
+        bounds, self._bounds = self._bounds, []
+        self._pending_values = [self._sum(losses), self._sum(bounds), found_inf, norm, clip, nonfinite, zeros]
         if lr is None:
             lr = optimizers[0].param_groups[0].get("lr", math.nan) if optimizers else math.nan
+        lr_tensor: torch.Tensor | None = None
         if isinstance(lr, torch.Tensor):
-            row[COL["lr"]].copy_(lr, non_blocking=True)
-            lr = None
-        meta = StepMeta(step=step, losses=self._losses, numel=sum(g.numel() for g in local),
-                         lr=None if lr is None else float(lr), watched=bool(self._watched))
-        self._losses = 0
-        self._sample(meta, params, local, source)
+            lr_tensor, lr = lr, None
+        # The element count is needed only for the zero fraction (steps with the zero count): of the
+        # gradients that were counted.
+        numel = 0
+        if grads and self._grad_counts.zero_step(step):
+            numel = sum(g.numel() for g in (counted if counted is not None else current()))
+        meta = StepMeta(step=step, losses=len(losses), numel=numel,
+                        lr=None if lr is None else float(lr), watched=bool(self._watched), lr_tensor=lr_tensor)
+        if self.module_absmax_every or self._fp8.names:
+            self._sample(meta, optimizers if grads else (), source)
         self._pending = meta
 
-    def _sample(self, meta: StepMeta, params: list[torch.Tensor], local: list[torch.Tensor],
-                source: StepSource) -> None:
+    def _sum(self, values: list[torch.Tensor]) -> torch.Tensor:
+        """Sum of the step's scalars in the buffer's dtype (one value: itself, no kernel; none: 0)."""
+        if len(values) <= 1:
+            return values[0] if values else self._zero
+        return torch.stack(values).sum(dtype=self.buffer.dtype)
+
+    def _sample(self, meta: StepMeta, optimizers: Sequence[torch.optim.Optimizer], source: StepSource) -> None:
         """Write the sampled tables' rows of the step (per-module absmax, fp8 operand statistics)."""
         every = self.module_absmax_every
-        if every and (meta.step - 1) % every == 0 and local:
+        params = params_with_grads(optimizers) if every and (meta.step - 1) % every == 0 else []
+        if params:
             slot = sum(1 for m in self._meta if m.module_slot is not None)
-            values, present = self._modules.compute(params, local, source.models)
+            values, present = self._modules.compute(params, grads_of(params), source.models)
             self.buffer.module_row(slot, len(values))[: len(values)].copy_(values)
             meta.module_slot, meta.module_names, meta.module_present = slot, self._modules.names, present
         fp8 = self._fp8.take(meta.step) if self._fp8.names else None
@@ -305,19 +352,28 @@ class Telemetry(EngineHook):
 
     def end_step(self, scale: torch.Tensor | None, next_scale: torch.Tensor,
                  found_inf: torch.Tensor | None = None) -> None:
-        """Write the scale used and the scale after the update (and a final ``found_inf``); commit the row.
+        """Add the scale used and the scale after the update (and a final ``found_inf``) to the step's values
+        and commit its row.
 
-        Flushes when ``flush_every`` rows are pending.
+        The row is queued as tensors (``MetricBuffer.add_row``: no kernel); what changes in place later is
+        copied now: the scale after the update, unless it is the very tensor the step used (no scaler
+        updated it), and a tensor learning rate.  Flushes when ``flush_every`` rows are pending.
         """
-        if self._closed or self._pending is None:
+        meta = self._pending
+        if self._closed or meta is None:
             return
-        row = self.buffer.data[len(self._meta)]
-        used = scale if scale is not None else self._one
-        row[COL["scale"]:COL["lr"]].copy_(torch.stack([used, next_scale]))
+        values = self._pending_values
         if found_inf is not None:
-            row[COL["found_inf"]].copy_(found_inf)
-        self._meta.append(self._pending)
-        self._pending = None
+            values[COL["found_inf"]] = found_inf
+        used = scale if scale is not None else self._one
+        if next_scale is not used:
+            next_scale = next_scale.clone()  # one scalar copy, with a loss scaler only
+        lr = self._nan if meta.lr_tensor is None else meta.lr_tensor.detach().to(
+            self.buffer.device, copy=True, non_blocking=True)
+        self.buffer.add_row([*values, used, next_scale, lr])
+        meta.lr_tensor = None
+        self._meta.append(meta)
+        self._pending, self._pending_values = None, []
         if len(self._meta) >= self.flush_every:
             self.flush()
 
@@ -344,58 +400,9 @@ class Telemetry(EngineHook):
             if fired:
                 rec["alarms"] = [e.to_dict() for e in fired]
                 events.extend(fired)
-        for sink in list(self.sinks):
-            if sink.rank_zero_only and rank != 0:
-                continue
-            if self._guard(sink, "write", sink.write, records):
-                for e in events:
-                    if not self._guard(sink, "alarm", sink.alarm, e.to_dict()):
-                        break
-        self._act(events)
+        deliver(self.sinks, records, events, rank)
+        act(events, self.engine)
         return records
-
-    def _guard(self, sink: Sink, what: str, fn: Any, arg: Any) -> bool:
-        try:
-            fn(arg)
-            return True
-        except Exception as e:  # a sink must never end training
-            self.sinks.remove(sink)
-            warnings.warn(
-                f"telemetry sink {sink!r} failed in {what}() with {type(e).__name__}: {e}; it is disabled for the "
-                "rest of the run and training continues (the other sinks still record)",
-                SinkFailedWarning, stacklevel=2,
-            )
-            with contextlib.suppress(Exception):  # it already failed; the warning above says so
-                sink.close()
-            return False
-
-    def _act(self, events: list[AlarmEvent]) -> None:
-        stop: AlarmEvent | None = None
-        for e in events:
-            text = f"{e.alarm} at step {e.step}: {e.message}. Fix: {e.fix}"
-            if e.action == "stop":
-                stop = stop or e
-            elif e.action == "doctor":
-                self._ask_replay(e, text)
-            else:
-                warnings.warn(text, AlarmWarning, stacklevel=3)
-        if stop is not None:
-            raise TrainingStopped(stop)
-
-    def _ask_replay(self, e: AlarmEvent, text: str) -> None:
-        # The doctor (a hook on the same engine) serves "replay" events; emit says whether one did.
-        engine = self.engine
-        try:
-            handled = engine is not None and engine.emit(HookEvent(
-                kind="replay", reason=e.reason, step=engine.optimizer_steps, data={"alarm_step": e.step}))
-        except Exception as ex:  # the doctor's failure must not end training either
-            warnings.warn(f"{text}. The doctor's replay failed with {type(ex).__name__}: {ex}",
-                          AlarmWarning, stacklevel=4)
-            return
-        if not handled:
-            warnings.warn(f"{text}. (The alarm asked for the doctor, but it is off: build "
-                          "MixedPrecision(..., doctor=True) to replay the step instrumented.)",
-                          AlarmWarning, stacklevel=4)
 
     @override
     def close(self) -> None:
@@ -409,7 +416,7 @@ class Telemetry(EngineHook):
         finally:
             self._closed = True
             for sink in list(self.sinks):
-                self._guard(sink, "close", _close, sink)
+                guarded(self.sinks, sink, "close", _close, sink)
             for handle in self._watched.values():
                 handle.remove()
             self._watched.clear()

@@ -12,11 +12,14 @@ model on a CPU with bf16 units), so:
   non-finite count is then read off the engine's global gradient norm, which read every gradient
   anyway: a finite norm means no element is inf or NaN.  Elsewhere, and when the engine clips
   (a clip with a NaN coefficient would leave every element NaN), the count runs before the clip.
+  When no other hook can change a gradient between the note and the norm (``settled``: the
+  telemetry knows the engine's hooks), not even the note is taken: such a step walks no parameter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -57,38 +60,65 @@ class StepGradCounts:
         self.counter = GradCounter(device)
         self.zero_grads_every = zero_grads_every
         self._nan = torch.full((), float("nan"), dtype=torch.float32, device=device)
+        self._zero = torch.zeros((), dtype=torch.float32, device=device)
         self._counts: Counts | None = None
-        self._noted: list[tuple[int, int]] | None = None
-        """(data pointer, version counter) of each noted gradient: a view of the same gradient (an FSDP2
-        shard's ``to_local()``, fetched again) shares both, an in-place change bumps the version."""
+        self._noted: tuple[list[torch.Tensor], list[int]] | None = None
+        """The noted gradients and their version counters; compared by ``_identity`` (data pointer, version):
+        a view of the same gradient (an FSDP2 shard's ``to_local()``, fetched again) shares both, an in-place
+        change bumps the version."""
+        self._deferred = False
+        """``before_clip`` left the count to the norm without a note (nothing could change the gradients)."""
 
     def zero_step(self, step: int) -> bool:
         every = self.zero_grads_every
         return bool(every) and (step - 1) % every == 0
 
-    def before_clip(self, grads: list[torch.Tensor], step: int, *, engine_clips: bool) -> None:
-        """Count now, or (CPU, no zero count, no clip by the engine) only note the gradients."""
-        if self.counter.reads_free and not self.zero_step(step) and not engine_clips:
-            self._noted = [_identity(g) for g in grads]
-        else:
-            self._counts = self.count(grads, step)
+    def defers(self, step: int, *, engine_clips: bool) -> bool:
+        """Whether ``before_clip`` leaves the step's count to the norm (CPU, no zero count, no clip by the engine)."""
+        return self.counter.reads_free and not engine_clips and not self.zero_step(step)
+
+    def before_clip(self, grads: Callable[[], list[torch.Tensor]], step: int, *, engine_clips: bool,
+                    settled: bool = False) -> list[torch.Tensor] | None:
+        """Count now, or (CPU, no zero count, no clip by the engine) only note the gradients; returns the
+        gradients ``grads()`` fetched, None when none was needed (``settled`` and deferred: no other hook can
+        change a gradient before ``take``, so there is nothing to note)."""
+        if self.defers(step, engine_clips=engine_clips):
+            if settled:
+                self._deferred = True
+                return None
+            local = grads()
+            self._noted = (local, [g._version for g in local])
+            return local
+        local = grads()
+        self._counts = self.count(local, step)
+        return local
 
     def count(self, grads: list[torch.Tensor], step: int) -> Counts:
         return self.counter.count(grads, zeros=self.zero_step(step))
 
-    def take(self, grads: list[torch.Tensor], step: int, grad_norm: torch.Tensor | None) -> Counts:
-        """``(zeros, nonfinite)`` of the step: what ``before_clip`` counted or noted, else counted now."""
+    def take(self, grads: Callable[[], list[torch.Tensor]], step: int, grad_norm: torch.Tensor | None) -> Counts:
+        """``(zeros, nonfinite)`` of the step: what ``before_clip`` counted, noted or deferred, else the gradients
+        ``grads()`` returns (those the parameters hold now) counted now.
+
+        The tensors returned are never written afterwards (a row may hold them as they are).
+        """
         counts, self._counts = self._counts, None
         noted, self._noted = self._noted, None
+        deferred, self._deferred = self._deferred, False
         if counts is not None:
             return counts
-        if noted is None:
-            return self.count(grads, step)
+        if noted is None and not deferred:
+            return self.count(grads(), step)
         # Finite norm: every element was finite, and no pass is needed (the read is no sync: CPU only).
-        if grad_norm is not None and bool(torch.isfinite(grad_norm)):
-            return self._nan, torch.zeros((), dtype=torch.float32, device=self._nan.device)
+        if grad_norm is not None and math.isfinite(grad_norm.item()):
+            return self._nan, self._zero
+        now = grads()
+        if noted is None:  # deferred: these are the gradients as they were before the clip
+            return self.counter.count(now, zeros=False)
         # A non-finite norm is rare: count now if no one changed a gradient since the note (same
         # memory, same version counters).  A hook that did (a clip by value, a clip with a NaN
         # coefficient) leaves the count not measured (NaN: None in the record).
-        unchanged = len(noted) == len(grads) and all(_identity(g) == n for n, g in zip(noted, grads))
-        return self.counter.count(grads, zeros=False) if unchanged else (self._nan, self._nan)
+        old, versions = noted
+        unchanged = len(old) == len(now) and all(
+            _identity(g) == (_identity(o)[0], v) for g, o, v in zip(now, old, versions))
+        return self.counter.count(now, zeros=False) if unchanged else (self._nan, self._nan)

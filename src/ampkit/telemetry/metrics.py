@@ -41,12 +41,11 @@ from torch import nn
 
 from ampkit._util.grads import grad_values
 
-__all__ = ["COL", "COLUMNS", "GradCounter", "MetricBuffer", "ModuleAbsmax", "reads_are_free"]
+__all__ = ["COL", "COLUMNS", "ROW_BATCH", "GradCounter", "MetricBuffer", "ModuleAbsmax", "reads_are_free"]
 
 COLUMNS = (
-    "loss_sum",         # sum of the losses passed to mp.backward since the previous boundary
-    "loss_nonfinite",   # how many of them were inf/NaN
-    "input_nonfinite",  # how many watched forward calls saw an inf/NaN floating input
+    "loss_sum",         # sum of the losses passed to mp.backward since the previous boundary (inf/NaN: one was)
+    "input_bounds",     # sum of the min and max of each watched floating input (inf/NaN: an input held inf/NaN)
     "found_inf",        # > 0: the step was skipped
     "grad_norm",        # unscaled global L2 norm before clipping (NaN: no gradients)
     "clip_coef",        # min(1, max_norm / (norm + 1e-6)), 1 without clipping
@@ -270,9 +269,20 @@ def _absmax(values: torch.Tensor) -> torch.Tensor:
     return values.detach().abs().max().float()
 
 
+ROW_BATCH = 64
+"""Rows ``MetricBuffer.add_row`` queues before writing them into the buffer with one stack."""
+
+
 class MetricBuffer:
     """``rows`` x ``len(COLUMNS)`` device buffer plus the sampled tables (``"modules"``: per-module absmax,
-    ``"fp8"``: fp8 operand statistics), one row per sampled step."""
+    ``"fp8"``: fp8 operand statistics), one row per sampled step.
+
+    A step's row arrives as its values, 0-dim device tensors (``add_row``), and is queued: every
+    ``ROW_BATCH`` rows, and before a read, the queue is written with one ``torch.stack`` and one copy
+    per run of float32 rows, so a step launches no kernel for its row (a row holding another dtype, a
+    float64 count, is stacked on its own when it arrives).  The queue holds the tensors themselves, so a caller
+    passes only values that nothing writes afterwards (a copy of those that change in place).
+    """
 
     def __init__(self, device: torch.device, rows: int) -> None:
         self.device = device
@@ -280,6 +290,40 @@ class MetricBuffer:
         self.rows = rows
         self.data = torch.full((rows, len(COLUMNS)), math.nan, dtype=self.dtype, device=device)
         self.tables: dict[str, torch.Tensor] = {}
+        self._queued: list[list[torch.Tensor] | torch.Tensor] = []
+        self._written = 0
+
+    def add_row(self, values: list[torch.Tensor]) -> None:
+        """Queue the next step row (``COLUMNS`` order, 0-dim tensors on the buffer's device)."""
+        if all(v.dtype is torch.float32 for v in values):
+            self._queued.append(values)
+        else:  # stacked now, promoted: one kernel (steps with float64 counts or sums), not a slow batch later
+            self._queued.append(torch.stack(values))
+        if len(self._queued) >= ROW_BATCH:
+            self._write_queued()
+
+    def _write_queued(self) -> None:
+        """Write the queued rows: each run of float32 rows with one stack and one copy (a stack of mixed
+        dtypes converts value by value, several times slower), each row stacked at ``add_row`` with a copy."""
+        queued, self._queued = self._queued, []
+        run: list[torch.Tensor] = []
+        start = row = self._written
+        for entry in queued:
+            if isinstance(entry, list):
+                run.extend(entry)
+            else:
+                self._write_run(start, run)
+                run = []
+                self.data[row].copy_(entry)
+                start = row + 1
+            row += 1
+        self._write_run(start, run)
+        self._written = row
+
+    def _write_run(self, start: int, run: list[torch.Tensor]) -> None:
+        if run:
+            k = len(run) // len(COLUMNS)
+            self.data[start:start + k].copy_(torch.stack(run).view(k, len(COLUMNS)))
 
     def row(self, table: str, k: int, width: int) -> torch.Tensor:
         """Row ``k`` of ``table``, grown (on the device, no sync) to fit ``width`` values."""
@@ -298,7 +342,9 @@ class MetricBuffer:
 
     def read(self, n: int, sampled: dict[str, int]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
         """Copy the first ``n`` step rows and the first ``sampled[table]`` rows of each table to the host:
-        the one sync per flush."""
+        the one sync per flush.  The rows start again at 0 afterwards."""
+        self._write_queued()
+        self._written = 0
         used = [(name, k, self.tables[name]) for name, k in sampled.items() if k and name in self.tables]
         parts = [self.data[:n].reshape(-1), *(t[:k].reshape(-1) for _, k, t in used)]
         flat = torch.cat(parts).tolist() if len(parts) > 1 else parts[0].tolist()

@@ -33,6 +33,8 @@ class StepMeta:
     module_present: list[int] | None = None
     fp8_slot: int | None = None
     fp8_layers: list[str] | None = None
+    lr_tensor: torch.Tensor | None = None
+    """A learning rate held as a tensor, until ``end_step`` copies it into the row."""
 
 
 def make_record(meta: StepMeta, v: list[float], rank: int, tables: dict[str, list[list[float]]]) -> dict[str, Any]:
@@ -42,7 +44,8 @@ def make_record(meta: StepMeta, v: list[float], rank: int, tables: dict[str, lis
         "step": meta.step,
         "rank": rank,
         "loss": v[COL["loss_sum"]] / meta.losses if meta.losses else math.nan,
-        "loss_nonfinite": v[COL["loss_nonfinite"]] > 0,
+        # A float64 sum of fp32/bf16/fp16 values is inf/NaN exactly when one of them is.
+        "loss_nonfinite": bool(meta.losses) and not math.isfinite(v[COL["loss_sum"]]),
         "scale": v[COL["scale"]],
         "next_scale": v[COL["next_scale"]],
         "skipped": v[COL["found_inf"]] > 0,
@@ -52,7 +55,7 @@ def make_record(meta: StepMeta, v: list[float], rank: int, tables: dict[str, lis
         "zero_grad_fraction": None if math.isnan(v[COL["zero_grads"]]) else (
             v[COL["zero_grads"]] / meta.numel if meta.numel else math.nan),
         "lr": meta.lr if meta.lr is not None else v[COL["lr"]],
-        "input_nonfinite": v[COL["input_nonfinite"]] > 0 if meta.watched else None,
+        "input_nonfinite": not math.isfinite(v[COL["input_bounds"]]) if meta.watched else None,
     }
     if meta.module_slot is not None and meta.module_names is not None and meta.module_present is not None:
         row = tables["modules"][meta.module_slot]
