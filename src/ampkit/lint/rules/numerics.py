@@ -195,6 +195,7 @@ def _check_write(ctx: FileContext, scope: Scope, op: str, tensor: ast.expr | Non
 
 _SOFTMAX = frozenset({"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"})
 _SIGMOID = frozenset({"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit"})
+_MODULES = {"Sigmoid": "sigmoid", "Softmax": "softmax"}  # torch.nn modules -> the probabilities they output
 
 
 def _strip_epsilon(node: ast.expr) -> ast.expr:
@@ -241,11 +242,10 @@ def _probability_kind(ctx: FileContext, node: ast.expr, scope: Scope, depth: int
         if name is not None and name.startswith("torch.") and name[6:] in _SELECTIONS and node.args:
             return _probability_kind(ctx, node.args[0], scope, depth)
         if name is None and isinstance(node.func, ast.Name | ast.Attribute) and depth < 2:
-            module = ctx.value_of(node.func, scope)  # self.act = nn.Sigmoid(); self.act(h)
-            if isinstance(module, ast.Call):
+            if isinstance(module := ctx.value_of(node.func, scope), ast.Call):  # self.act = nn.Sigmoid()
                 return _module_kind(ctx, module, depth + 1)
-        if name is None and isinstance(node.func, ast.Name) and depth < 2:
-            return _returned_kind(ctx, node.func.id, depth + 1)  # probs = my_softmax(x)
+            if isinstance(node.func, ast.Name):
+                return _returned_kind(ctx, node.func.id, depth + 1)  # probs = my_softmax(x)
         return None
     if depth < 2 and isinstance(node, ast.Name):
         value = ctx.value_of(node, scope)
@@ -254,36 +254,24 @@ def _probability_kind(ctx: FileContext, node: ast.expr, scope: Scope, depth: int
     return None
 
 
-_MODULES = {"Sigmoid": "sigmoid", "Softmax": "softmax"}
-
-
 def _module_kind(ctx: FileContext, module: ast.Call, depth: int) -> str | None:
-    """The probability kind a module outputs, from the call that built it: ``nn.Sigmoid()``,
-    ``nn.Softmax(dim)``, an ``nn.Sequential`` ending in one, or a class of this file whose
-    ``forward`` returns one on every ``return``."""
+    """What the module built by ``module`` outputs: nn.Sigmoid, nn.Softmax, a Sequential or own class ending in one."""
     name = ctx.qualname(module.func)
     if name is not None and name.startswith("torch.nn."):
         last = name.rpartition(".")[2]
         if last == "Sequential" and module.args and isinstance(module.args[-1], ast.Call) and depth < 4:
             return _module_kind(ctx, module.args[-1], depth + 1)
         return _MODULES.get(last)
-    if name is None and isinstance(module.func, ast.Name) and depth < 4:
-        for scope in ctx.scopes:
-            node = scope.node
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "forward" \
-                    and scope.cls is not None and scope.cls.name == module.func.id:
-                kinds = {_probability_kind(ctx, r.value, scope, depth) for r in ast.walk(node)
-                         if isinstance(r, ast.Return) and r.value is not None}
-                return kinds.pop() if len(kinds) == 1 else None
-    return None
+    return _returned_kind(ctx, "forward", depth, module.func.id) if isinstance(module.func, ast.Name) else None
 
 
-def _returned_kind(ctx: FileContext, function: str, depth: int) -> str | None:
-    """The probability kind every ``return`` of the module-level ``function`` gives, else None."""
+def _returned_kind(ctx: FileContext, function: str, depth: int, cls: str | None = None) -> str | None:
+    """The probability kind every ``return`` of module-level ``function`` (or method of ``cls``) gives."""
     for scope in ctx.scopes:
         node = scope.node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function \
-                and scope.parent is not None and scope.parent.parent is None:
+        owner = scope.cls.name if scope.cls is not None else None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function and owner == cls \
+                and scope.parent is not None and (cls is not None or scope.parent.parent is None):
             kinds = {_probability_kind(ctx, r.value, scope, depth) for r in ast.walk(node)
                      if isinstance(r, ast.Return) and r.value is not None}
             return kinds.pop() if len(kinds) == 1 else None
