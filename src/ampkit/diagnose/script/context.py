@@ -26,6 +26,7 @@ from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
@@ -129,10 +130,8 @@ class Context:
         self._loss_trace_report: Callable[[LossSideTrace | None], None] | None = None
         self._loss_trace_scale: float | None = None
         self.corrupted_by: tuple[str, Any, int] | None = None
-        """(code, key, step) of the finding whose non-finite gradients an unguarded optimizer step applied:
-        a model input that goes non-finite after it is its consequence, folded into its evidence."""
-        self._tape: LossSideTape | None = None
-        """The loss-side calls of this iteration (``losstrace.LossSideTape``)."""
+        """(code, key, step) of the finding whose NaN gradients an unguarded step applied (later NaN inputs fold in)."""
+        self._tape: LossSideTape | None = None  # this iteration's loss-side calls
 
     # The watchers and the shared state, under the names the rules and the runner read.
     autocast = _WatcherOf(AutocastWatch)
@@ -194,6 +193,7 @@ class Context:
         for watch in self.watchers:
             watch.install(patches)
         dispatch_backward(self.watchers, self.state, patches)
+        patches.on_restore(register_optimizer_step_pre_hook(self.loss_made).remove)
         self.models.set_discovery(True)
         patches.on_restore(self.models.remove)
         # torch.compile warns about global module hooks; the doctor's are no-ops inside compiled code.
@@ -242,22 +242,23 @@ class Context:
         tape = self._tape
         if cap.low_precision is None or self.state.paused or self._loss_trace is not None or (
                 tape is not None and not tape.closed):
-            return  # one tape at a time (one left open by another thread stays the only one); a traced
-            # iteration has its trace
+            return  # one tape at a time (one another thread left open stays the only one); or traced
         self._tape = LossSideTape(self.code, lambda: self.state.paused or self.models.in_forward, self.step)
         self._tape.__enter__()
 
-    def _close_tape(self) -> None:
-        """The iteration ended: its tape stops and lets its tensors go (a failure is judged during its step)."""
+    def loss_made(self, *_: Any) -> None:  # scaled, or an optimizer steps: the mode leaves, its calls stay
         tape = self._tape
         if tape is not None and not tape.closed and tape.thread == threading.get_ident():
             tape.__exit__(None, None, None)
             tape.closed = True
-            tape.release()
+
+    def _close_tape(self) -> None:  # the iteration ended: its tensors go (a failure is judged during its step)
+        self.loss_made()
+        if self._tape is not None and self._tape.closed:
+            self._tape.release()
 
     def loss_tape_first(self, step: int) -> FirstBad | None:
-        """The first call between the model and the loss that made a non-finite value on ``step`` itself,
-        from its tape; None when the step was not recorded or its recorded calls stayed finite."""
+        """The first loss-side call of ``step`` itself that made a non-finite value (its tape), else None."""
         tape = self._tape
         return None if tape is None or tape.step != step else tape.first_bad()
 

@@ -57,6 +57,9 @@ class StepSignals(Protocol):
     def on_loss(self, it: int, nonfinite: bool) -> None:
         """The loss of iteration ``it`` was read back."""
 
+    def loss_made(self) -> None:
+        """The loss is complete: it is being scaled for its backward."""
+
     def on_grads(self, it: int, nonfinite: bool) -> None:
         """The gradients at an optimizer step no GradScaler guards were read back."""
 

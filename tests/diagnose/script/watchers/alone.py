@@ -41,6 +41,9 @@ class Signals:
     def on_loss(self, it: int, nonfinite: bool) -> None:
         self.calls.append(("loss", it, nonfinite))
 
+    def loss_made(self) -> None:
+        """The loss is complete (no failure follows from it: not recorded)."""
+
     def on_grads(self, it: int, nonfinite: bool) -> None:
         self.calls.append(("grads", it, nonfinite))
 

@@ -100,6 +100,7 @@ class ScalerWatch(Watcher):
 
     def _wrap_scale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def scale(sc: Any, outputs: Any) -> Any:
+            self.state.signals.loss_made()
             out = orig(sc, outputs)
             info = self.scalers.info(sc)
             enabled = bool(sc._enabled)
@@ -117,6 +118,7 @@ class ScalerWatch(Watcher):
 
     def _wrap_ampkit_scale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def scale(sc: Any, loss: torch.Tensor) -> torch.Tensor:
+            self.state.signals.loss_made()
             out = orig(sc, loss)
             self.scalers.ampkit_scaled += 1
             enabled = bool(getattr(sc, "enabled", False))
