@@ -90,3 +90,21 @@ def test_telemetry_records_every_step_in_order_across_row_batches(tiny: TinyRegr
     assert [r["scale"] for r in records] == scales
     assert [r["next_scale"] for r in records] == [*scales[1:], float(mp.scale)]
     assert [r["zero_grad_fraction"] is not None for r in records] == [s % 3 == 1 for s in range(1, steps + 1)]
+
+
+def test_telemetry_loss_changed_in_place_after_backward_is_recorded_as_passed(tiny: TinyRegressor) -> None:
+    # transformers' Trainer scales the model's loss in place (`loss *= ...`) after the forward returned it.
+    records: list[dict] = []
+    tel = Telemetry(sinks=[records.append], flush_every=1, alarms=())
+    opt = torch.optim.AdamW(tiny.parameters(), lr=1e-3, fused=True)
+    mp = ampkit.MixedPrecision("bf16", device="cpu", telemetry=tel)
+    mp.prepare(tiny)
+    x, idx, y = batch()
+    with mp.autocast():
+        loss = (tiny(x, idx).float() - y).pow(2).mean()
+    passed = float(loss.detach())
+    mp.backward(loss)
+    with torch.no_grad():
+        loss.mul_(1000.0)
+    mp.step(opt)
+    assert records[0]["loss"] == passed

@@ -268,10 +268,10 @@ class Telemetry(EngineHook):
         if self._closed:
             return
         self._watch_new_models()
-        # Kept, not reduced: the boundary sums the step's losses in one kernel (none for one loss).
+        # A copy (one scalar kernel), summed at the boundary: the caller may change its loss in place
+        # afterwards (transformers' Trainer scales the model's loss with `loss *= ...`).
         value = loss.detach()
-        if value.dim():
-            value = value.reshape(()) if value.numel() == 1 else value.float().mean()
+        value = value.reshape(()).clone() if value.numel() == 1 else value.float().mean()
         self._step_losses.append(value)
 
     def count_grads(self, optimizers: Sequence[torch.optim.Optimizer], *, settled: bool = False) -> None:
