@@ -2,15 +2,15 @@
 
 Data path of one optimizer step (all on the device, no host sync):
 
-1. ``on_backward`` keeps the user's loss (unscaled, undivided, detached: no kernel); a forward
-   pre-hook on each prepared model keeps the bounds of its floating inputs (``aminmax``: one
-   read of the input);
+1. ``on_backward`` keeps a copy of the user's loss (unscaled, undivided: one scalar kernel); a
+   forward pre-hook on each prepared model keeps the bounds of its floating inputs (``aminmax``:
+   one read of the input);
 2. ``before_optimizer_step`` (gradients unscaled, clipped, not yet applied; on a skipped
    fp16 step they still hold the inf/NaN) collects the step's values: the loss sum, the input
    bounds' sum, found_inf, the gradient norm, the clip coefficient and the gradient element counts;
-3. ``after_step`` adds the scale used, the scale after the update and the learning rate, and
-   writes them all into the step's row with one ``torch.stack(..., out=row)``, which also
-   snapshots the values that change in place later (the scale, a tensor learning rate).
+3. ``after_step`` adds the scale used, the scale after the update and the learning rate (copies of
+   those that change in place later) and queues the row as tensors; every 64 steps one stack
+   writes the queued rows into the device buffer (``MetricBuffer.add_row``).
 
 A step therefore costs a handful of kernels whatever the number of parameters or micro-batches
 (docs/telemetry.md, "Cost"); whether a loss or an input was inf/NaN is read on the host at the
@@ -153,7 +153,7 @@ class Telemetry(EngineHook):
         self._watched: dict[int, Any] = {}
         self._n_models = 0
         self._step_losses: list[torch.Tensor] = []
-        """This step's losses, detached, read at the boundary."""
+        """Copies of this step's losses, summed at the boundary."""
         self._bounds: list[torch.Tensor] = []
         """min and max of each watched floating input since the previous boundary."""
         self._step_grads: list[torch.Tensor] | None = None
