@@ -36,8 +36,8 @@ from ampkit.diagnose.script.lossgrad import LossGrads
 from ampkit.diagnose.script.losstrace import (
     HIDDEN_LOSS_CODE,
     FirstBad,
-    LossSideTape,
     LossSideTrace,
+    LossTapes,
     hidden_code_text,
     loss_code_text,
 )
@@ -107,7 +107,8 @@ class Context:
                  sampler: Sampler | None = None) -> None:
         self.on_failure = on_failure
         self._lock = threading.Lock()
-        models = ModelWatch(on_root_forward=self._on_root_forward, locate=code.caller, user_frame=code.caller_frame)
+        models = ModelWatch(on_root_forward=self._on_root_forward, on_root_enter=lambda: self.tapes.pause(),
+                           locate=code.caller, user_frame=code.caller_frame)
         self.state = WatchState(frames=code, models=models, signals=self, sampler=sampler or Sampler())
         self.services = Services.build(self.state)
         self.watchers: list[Watcher] = [cls(**self.services.arguments(cls)) for cls in WATCHERS]
@@ -131,7 +132,7 @@ class Context:
         self._loss_trace_scale: float | None = None
         self.corrupted_by: tuple[str, Any, int] | None = None
         """(code, key, step) of the finding whose NaN gradients an unguarded step applied (later NaN inputs fold in)."""
-        self._tape: LossSideTape | None = None  # this iteration's loss-side calls
+        self.tapes = LossTapes(code, lambda: self.state.paused or self.models.in_forward)
 
     # The watchers and the shared state, under the names the rules and the runner read.
     autocast = _WatcherOf(AutocastWatch)
@@ -204,7 +205,7 @@ class Context:
     def finish(self) -> None:
         """The run ended: each watcher adds its end-of-run findings (after the pending reads are flushed)."""
         self._close_loss_trace(final=True)
-        self._close_tape()
+        self.tapes.end()
         for watch in self.watchers:
             watch.finish()
 
@@ -237,30 +238,11 @@ class Context:
             self._loss_trace_report = None
             report(None)
 
-    # -- the loss-side tape of every low-precision iteration (``script.losstrace.LossSideTape``) ----------
-    def _open_tape(self, cap: Capture) -> None:
-        tape = self._tape
-        if cap.low_precision is None or self.state.paused or self._loss_trace is not None or (
-                tape is not None and not tape.closed):
-            return  # one tape at a time (one another thread left open stays the only one); or traced
-        self._tape = LossSideTape(self.code, lambda: self.state.paused or self.models.in_forward, self.step)
-        self._tape.__enter__()
-
-    def loss_made(self, *_: Any) -> None:  # scaled, or an optimizer steps: the mode leaves, its calls stay
-        tape = self._tape
-        if tape is not None and not tape.closed and tape.thread == threading.get_ident():
-            tape.__exit__(None, None, None)
-            tape.closed = True
-
-    def _close_tape(self) -> None:  # the iteration ended: its tensors go (a failure is judged during its step)
-        self.loss_made()
-        if self._tape is not None and self._tape.closed:
-            self._tape.release()
+    def loss_made(self, *_: Any) -> None:
+        self.tapes.stop()
 
     def loss_tape_first(self, step: int) -> FirstBad | None:
-        """The first loss-side call of ``step`` itself that made a non-finite value (its tape), else None."""
-        tape = self._tape
-        return None if tape is None or tape.step != step else tape.first_bad()
+        return self.tapes.first_bad(step)
 
     def taped_loss_code(self, label: str, became: str, step: int) -> bool:
         """Report the op of ``step``'s own loss-side calls that made its non-finite loss; False without one."""
@@ -292,7 +274,8 @@ class Context:
         with self._lock:  # forwards of several threads: the counters must not lose an increment
             self._count_forward(cap)
         self._open_loss_trace()
-        self._open_tape(cap)
+        if self._loss_trace is None and not self.state.paused:  # the traced iteration has its trace
+            self.tapes.resume(self.step, cap.low_precision is not None)
         for watch in self._forward_watchers:
             watch.on_root_forward(cap)
 
@@ -316,7 +299,7 @@ class Context:
     def end_iteration(self) -> None:
         """The primary optimizer stepped (or was skipped): a new iteration begins."""
         self._close_loss_trace(final=False)
-        self._close_tape()
+        self.tapes.end()
         self.state.count_step()
         thread_values(self.models).step = self.step  # per-step: a write with no Python frame
         self.models.new_window()

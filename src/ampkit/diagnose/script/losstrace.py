@@ -17,9 +17,10 @@ to its inputs and output, and reads nothing.  When that iteration's loss or grad
 non-finite, its calls are checked in order (``first_bad``), on the failing batch itself.  Cost on every
 such iteration: a Python call and a short stack walk per loss-side op (at most ``TAPE_LIMIT`` of them),
 no host sync, and the references that keep those tensors alive until the iteration ends (most of them
-autograd keeps anyway for the backward).  Its mode leaves the stack when the loss is scaled or an
-optimizer steps (``Context.loss_made``): left on, it would add a Python dispatch to every op of the
-backward's watchers and of the optimizer (about 1 ms a step on bench_doctor_ab's mlp loop).
+autograd keeps anyway for the backward).  Its mode is on the stack only while loss code can run
+(``LossTapes``): off during a model's forward, and off once the loss is scaled or an optimizer steps
+(left on, it would add a Python dispatch to every op of the backward's watchers and of the optimizer:
+about 1 ms a step on bench_doctor_ab's mlp loop).
 """
 
 from __future__ import annotations
@@ -42,7 +43,18 @@ from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.script.lossgrad import LossGrads, rerun_aside
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
 
-__all__ = ["HIDDEN_LOSS_CODE", "TAPE_LIMIT", "FirstBad", "LossSideTape", "LossSideTrace", "explain_nan", "first_bad", "hidden_code_text", "loss_code_text"]
+__all__ = [
+    "HIDDEN_LOSS_CODE",
+    "TAPE_LIMIT",
+    "FirstBad",
+    "LossSideTape",
+    "LossSideTrace",
+    "LossTapes",
+    "explain_nan",
+    "first_bad",
+    "hidden_code_text",
+    "loss_code_text",
+]
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,9 @@ class LossSideTape(TorchFunctionMode):
         self.calls: list[_Call] = []
         self.stopped = False
         self.closed = False
+        """Its mode is off the stack (a model's forward runs, or the loss was made)."""
+        self.done = False
+        """The loss was made (scaled, or an optimizer stepped): the mode does not come back."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.Tensor.backward or func is torch.autograd.backward:
@@ -177,6 +192,52 @@ class LossSideTape(TorchFunctionMode):
 
     def release(self) -> None:
         self.calls.clear()
+
+
+class LossTapes:
+    """The loss-side tape of the current iteration and when its mode is on the stack: from the end of a
+    model's forward (``resume``) to the start of the next one (``pause``: a model's forward must take the
+    kernels it takes without the doctor, and under a torch-function mode some take another path) or to
+    the loss being scaled or an optimizer step (``stop``: the mode would cost a Python dispatch per op of
+    the backward's watchers and of the optimizer).  Its calls are kept until the iteration ends (``end``)."""
+
+    def __init__(self, frames: UserFrames, paused: Callable[[], bool]) -> None:
+        self.frames, self.paused = frames, paused
+        self.tape: LossSideTape | None = None
+
+    def resume(self, step: int, low_precision: bool) -> None:
+        tape = self.tape
+        if tape is not None and not tape.closed:
+            return  # one tape at a time (one another thread left on stays the only one)
+        if tape is not None and tape.step == step and not tape.done and tape.thread == threading.get_ident():
+            tape.__enter__()  # the same iteration's loss code goes on after another model's forward
+            tape.closed = False
+        elif low_precision:
+            self.tape = LossSideTape(self.frames, self.paused, step)
+            self.tape.__enter__()
+
+    def pause(self, *_: Any) -> None:
+        tape = self.tape
+        if tape is not None and not tape.closed and tape.thread == threading.get_ident():
+            depth = torch._C._len_torch_function_stack()
+            if depth and torch._C._get_function_stack_at(depth - 1) is tape:
+                tape.__exit__(None, None, None)  # only itself: never another mode on top of it
+            tape.closed = True
+
+    def stop(self, *_: Any) -> None:
+        self.pause()
+        if self.tape is not None:
+            self.tape.done = True
+
+    def end(self) -> None:
+        self.stop()
+        if self.tape is not None and self.tape.closed:
+            self.tape.release()
+
+    def first_bad(self, step: int) -> FirstBad | None:
+        """The first loss-side call of ``step`` itself that made a non-finite value, else None."""
+        tape = self.tape
+        return None if tape is None or tape.step != step else tape.first_bad()
 
 
 class _FirstNaN(TorchDispatchMode):

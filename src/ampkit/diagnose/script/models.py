@@ -83,7 +83,10 @@ class ModelWatch:
 
     def __init__(self, *, on_root_forward: Callable[[Capture], None], locate: Callable[[], str | None],
                  user_frame: Callable[[], types.FrameType | None] = lambda: None,
-                 max_captures: int = 8, grad_capture_numel: int = 1 << 24) -> None:
+                 max_captures: int = 8, grad_capture_numel: int = 1 << 24,
+                 on_root_enter: Callable[[], None] = lambda: None) -> None:
+        self._on_root_enter = on_root_enter
+        """Called as a root forward starts (outside any torch function: the loss-side tape leaves the stack)."""
         self._locate = locate
         self._user_frame = user_frame
         self._on_root_forward = on_root_forward
@@ -232,6 +235,7 @@ class ModelWatch:
         if self._stack:
             self._stack.append(module)
             return
+        self._on_root_enter()
         self._stack.append(module)
         root = self.roots.get(id(module))
         if root is None:  # pragma: no cover - hooks are only on known roots
