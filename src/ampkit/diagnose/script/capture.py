@@ -20,9 +20,12 @@ from ampkit.precision import LOW_PRECISION_DTYPES
 __all__ = ["Capture"]
 
 
-@dataclass
+@dataclass(eq=False)
 class Capture:
-    """One forward call of a root model, enough to replay it."""
+    """One forward call of a root model, enough to replay it.
+
+    Compared by identity: each is one event, and a field-by-field comparison would ask tensors for
+    their truth (a window's ``list.remove`` compares the captures it passes on the way)."""
 
     root: nn.Module
     args: tuple[Any, ...]
