@@ -427,3 +427,56 @@ def test_doctor_script_end_of_run_analysis_prints_progress_while_it_lasts(
     capsys.readouterr()
     run_script(script)  # the default interval (10 s) is longer than this analysis: no line at all
     assert "analysing the run" not in capsys.readouterr().err
+
+
+EVAL_AFTER_TRAIN = """
+    import sys
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.attn(x, x, x)[0].mean(1))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 6, 16), torch.randint(0, 4, (4,))
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    losses = []
+    with torch.inference_mode():  # an evaluation loop: a forward, its loss, no backward, the next forward
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                losses.append(nn.functional.cross_entropy(model(x), y))
+    torch.save({"out": torch.stack(losses).clone()}, sys.argv[1])
+"""
+
+
+def test_doctor_script_leaves_an_eval_forward_after_the_loss_code_bit_identical(tmp_path: Path) -> None:
+    """A model's forward that runs after loss-side code with no backward between (an evaluation loop) takes
+    the same kernels under the doctor: nothing it installs for the loss side may be active in the forward
+    (under an active torch-function mode, nn.MultiheadAttention's bf16 attention takes another path, whose
+    numbers differ)."""
+    script = _write(tmp_path / "eval.py", EVAL_AFTER_TRAIN)
+    plain, observed = tmp_path / "plain.pt", tmp_path / "observed.pt"
+    argv = sys.argv[:]
+    try:
+        sys.argv = [str(script), str(plain)]
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    run_script(script, [str(observed)], measure_speed=False)
+    a = torch.load(plain, weights_only=True)["out"]
+    b = torch.load(observed, weights_only=True)["out"]
+    assert torch.equal(a, b), f"largest difference {float((a - b).abs().max())}"
