@@ -45,14 +45,18 @@ def _line(source: str, marker: str) -> int:
     return next(i for i, text in enumerate(source.splitlines(), 1) if marker in text)
 
 
-def _doctor(tmp_path: Path, source: str) -> list[dict]:
+def _all_findings(tmp_path: Path, source: str) -> list[dict]:
     script = tmp_path / "train.py"
     script.write_text(source)
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "ampkit.cli.main", "doctor", "--json", str(out), str(script)],
                           capture_output=True, text=True, timeout=600)
     assert out.exists(), proc.stdout + proc.stderr
-    return [f for f in json.loads(out.read_text())["findings"] if f["code"].startswith("FORWARD_")]
+    return json.loads(out.read_text())["findings"]
+
+
+def _doctor(tmp_path: Path, source: str) -> list[dict]:
+    return [f for f in _all_findings(tmp_path, source) if f["code"].startswith("FORWARD_")]
 
 
 def test_losstrace_first_bad_value_decides_the_code_and_names_the_op_and_line(tmp_path: Path) -> None:
@@ -153,16 +157,10 @@ HIDDEN = """
 
 def test_losstrace_names_a_hidden_forward_inf_as_the_root_of_a_gradient_overflow(tmp_path: Path) -> None:
     source = textwrap.dedent(HIDDEN)
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "ampkit.cli.main", "doctor", "--json", str(out), str(script)],
-                          capture_output=True, text=True, timeout=600)
-    assert out.exists(), proc.stdout + proc.stderr
-    findings = json.loads(out.read_text())["findings"]
+    findings = _all_findings(tmp_path, source)
     errors = [f for f in findings if f["severity"] == "error"]
     (root,) = errors
     assert root["code"] == "FORWARD_OVERFLOW" and root["op"] == "torch::log1p" and root["step"] == 1
-    assert root["location"] == f"{script}:{_line(source, 'CLAMP BOUND')}"
+    assert root["location"] == f"{tmp_path / 'train.py'}:{_line(source, 'CLAMP BOUND')}"
     assert "0 × inf" in root["message"] and root["evidence"]["loss_finite"] is True
     assert [c["code"] for c in root["evidence"]["consequences"]] == ["NONFINITE_INPUT"] * 3

@@ -8,6 +8,7 @@ import runpy
 import sys
 import textwrap
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,21 +98,32 @@ def test_doctor_script_restores_every_patch_and_hook(tmp_path: Path) -> None:
     assert not torch.is_autocast_enabled("cpu")
 
 
-def test_doctor_script_leaves_the_training_bit_identical(tmp_path: Path) -> None:
-    """Observation and replays (which re-run forwards with the captured RNG state) must not change
-    the weights, the RNG stream or anything else the script computes."""
-    script = _write(tmp_path / "train.py", TRAIN)
-    plain, observed = tmp_path / "plain.pt", tmp_path / "observed.pt"
+@dataclass
+class _Observed:
+    path: Path
+    report: Any
+
+
+def _plain_then_observed(script: Path) -> tuple[Path, _Observed]:
+    """Run ``script OUT`` as ``__main__`` without the doctor, then under it; the two OUT files (and the report)."""
+    plain, observed = script.with_name("plain.pt"), script.with_name("observed.pt")
     argv = sys.argv[:]
     try:
         sys.argv = [str(script), str(plain)]
         runpy.run_path(str(script), run_name="__main__")
     finally:
         sys.argv = argv
-    report = run_script(script, [str(observed)], measure_speed=False)
+    return plain, _Observed(observed, run_script(script, [str(observed)], measure_speed=False))
+
+
+def test_doctor_script_leaves_the_training_bit_identical(tmp_path: Path) -> None:
+    """Observation and replays (which re-run forwards with the captured RNG state) must not change
+    the weights, the RNG stream or anything else the script computes."""
+    plain, observed = _plain_then_observed(_write(tmp_path / "train.py", TRAIN))
+    report = observed.report
     assert report.replays, "the skipped first steps were expected to be replayed"
     a = torch.load(plain, weights_only=True)
-    b = torch.load(observed, weights_only=True)
+    b = torch.load(observed.path, weights_only=True)
     assert torch.equal(a["rng"], b["rng"])
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), name
@@ -468,15 +480,7 @@ def test_doctor_script_leaves_an_eval_forward_after_the_loss_code_bit_identical(
     the same kernels under the doctor: nothing it installs for the loss side may be active in the forward
     (under an active torch-function mode, nn.MultiheadAttention's bf16 attention takes another path, whose
     numbers differ)."""
-    script = _write(tmp_path / "eval.py", EVAL_AFTER_TRAIN)
-    plain, observed = tmp_path / "plain.pt", tmp_path / "observed.pt"
-    argv = sys.argv[:]
-    try:
-        sys.argv = [str(script), str(plain)]
-        runpy.run_path(str(script), run_name="__main__")
-    finally:
-        sys.argv = argv
-    run_script(script, [str(observed)], measure_speed=False)
+    plain, observed = _plain_then_observed(_write(tmp_path / "eval.py", EVAL_AFTER_TRAIN))
     a = torch.load(plain, weights_only=True)["out"]
-    b = torch.load(observed, weights_only=True)["out"]
+    b = torch.load(observed.path, weights_only=True)["out"]
     assert torch.equal(a, b), f"largest difference {float((a - b).abs().max())}"
