@@ -14,7 +14,9 @@ telemetry adds per step (median of the paired differences, in µs).  ``--rounds 
 measurement R times in the process and also prints each round's median, which shows how far one
 run's median can be trusted on a shared machine.
 
-A third variant runs the same telemetry with its hooks wrapped in a timer (CPU time of the calling
+A control variant is the bare engine again, on its own copy: its paired ratio against the baseline
+is what two identical variants read on this machine (memory placement, turn order), so it is the
+resolution of the telemetry's ratio.  Another variant runs the same telemetry with its hooks wrapped in a timer (CPU time of the calling
 thread): on CPU the hooks' kernels run inside the calls, so that is the telemetry's own cost,
 split by hook; it is free of the step-to-step noise of a loaded machine (though a loaded machine
 still slows it through the caches).  The ratio is taken on the unwrapped variant.
@@ -57,6 +59,8 @@ WORKLOADS = {
     "tinygpt": GPTConfig(n_layer=4, d_model=256, n_head=4, block_size=128),
 }
 BATCH = 8
+BASELINE, CONTROL, TELEMETRY, TIMED = range(4)
+"""Positions in ``build_variants``'s list."""
 HOOKS = ("on_backward", "after_unscale", "before_optimizer_step", "after_step", "_check_inputs")
 
 
@@ -102,7 +106,10 @@ def _engine_step(model: GPT, telemetry: object = None) -> Callable[[int, torch.T
 
 
 def build_variants(base: GPT, tmp: Path, *, compare: bool) -> list[Variant]:
-    variants = [Variant("engine alone (baseline)", _engine_step(copy.deepcopy(base)))]
+    variants = [Variant("engine alone (baseline)", _engine_step(copy.deepcopy(base))),
+                # The same engine again: its paired ratio against the baseline is what two identical
+                # variants read on this machine (memory placement, turn order), the resolution of the others.
+                Variant("engine alone again (control)", _engine_step(copy.deepcopy(base)))]
     tel = ampkit.Telemetry(sinks=[ampkit.JsonlSink(tmp / "telemetry.jsonl")], flush_every=50)
     variants.append(Variant("ampkit Telemetry (flush_every=50, default alarms, JSONL)",
                             _engine_step(copy.deepcopy(base), tel), close=tel.close))
@@ -187,7 +194,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def table(variants: list[Variant]) -> str:
-    base = variants[0].times
+    base = variants[BASELINE].times
     lines = [
         "| variant | median step ms | paired ratio q1 / median / q3 | added µs/step (median of differences) "
         "| mean ratio | note |",
@@ -253,24 +260,27 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         config = WORKLOADS[name]
         ratios: list[float] = []
+        control: list[float] = []
         added: list[float] = []
         round_medians: list[float] = []
         for r in range(args.rounds):
             before = load()
             variants = run(config, args.steps, args.warmup, compare=args.compare and name == "tinygpt", seed=r)
-            base = variants[0].times
-            pairs = [t / b for t, b in zip(variants[1].times, base)]
+            base = variants[BASELINE].times
+            pairs = [t / b for t, b in zip(variants[TELEMETRY].times, base)]
             ratios += pairs
-            added += [t - b for t, b in zip(variants[1].times, base)]
+            control += [t / b for t, b in zip(variants[CONTROL].times, base)]
+            added += [t - b for t, b in zip(variants[TELEMETRY].times, base)]
             round_medians.append(statistics.median(pairs))
             print(f"\n## {name} ({config}), batch {BATCH}, round {r + 1}/{args.rounds}: {args.steps} steps after "
                   f"{args.warmup} warm-up, interleaved; load average before {before}, after {load()}")
             print(table(variants))
-            print(hook_summary(variants[2], statistics.median(base)))
+            print(hook_summary(variants[TIMED], statistics.median(base)))
         q1, med, q3 = quartiles(ratios)
         print(f"\n{name}: telemetry / engine alone, median of all paired ratios {med:.4f} (quartiles {q1:.4f}-{q3:.4f}, "
               f"target <= 1.01); added {statistics.median(added) * 1e6:+.0f} µs/step; round medians "
-              f"{', '.join(f'{m:.4f}' for m in round_medians)}")
+              f"{', '.join(f'{m:.4f}' for m in round_medians)}; the control (the engine alone again) reads "
+              f"{statistics.median(control):.4f}")
     return 0
 
 
