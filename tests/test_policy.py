@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.policy import keep_fp32, release_fp32, resolve_keep_fp32
+from ampkit.policy import is_kept, keep_fp32, release_fp32, resolve_keep_fp32
 
 
 class Block(nn.Module):
@@ -137,7 +137,7 @@ def test_policy_second_engine_refuses_a_model_whose_modules_another_engine_keeps
     with pytest.raises(ValueError, match=r"(?s)\['blocks\.0'\] .*keep_fp32=\['blocks\.0'\] of another engine.*"
                                          r"keep_fp32=\['lm_head'\].*\.release\(model\)"):
         second.prepare(net)
-    assert getattr(net.lm_head, "_ampkit_keep_fp32", None) is None, "the refused prepare changed nothing"
+    assert not is_kept(net.lm_head), "the refused prepare changed nothing"
     first.release(net)
     second.prepare(net)
     with second.autocast():
@@ -157,4 +157,4 @@ def test_policy_same_rules_or_same_engine_prepare_again_as_before() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         net(torch.randn(2, 8))
     assert net.blocks[0].seen["ff_out"] == torch.bfloat16, "the engine that prepared last released blocks.0"
-    assert getattr(net.blocks[1].norm, "_ampkit_keep_fp32", None) is not None, "a module kept by hand stays kept"
+    assert is_kept(net.blocks[1].norm), "a module kept by hand stays kept"

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ampkit._util.frames import UserFrames
-from ampkit.policy import KeepFp32Rule, resolve_keep_fp32
+from ampkit.policy import KeepFp32Rule, resolve_keep_fp32, rule_names
 from ampkit.precision import FP8_RECIPES, Precision
 
 __all__ = [
@@ -117,7 +117,7 @@ def describe_fp8_filter(spec: Fp8FilterSpec) -> Any:
     if isinstance(spec, str):
         return spec
     if isinstance(spec, tuple):
-        return [r if isinstance(r, str) else f"{r.__module__}.{r.__qualname__}" for r in spec] or None
+        return rule_names(spec) or None
     return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', type(spec).__qualname__)}"
 
 

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["Fp32Policy", "KeepFp32Rule", "check_keep_fp32", "keep_fp32", "release_fp32", "resolve_keep_fp32",
-           "rule_names"]
+__all__ = ["Fp32Policy", "KeepFp32Rule", "check_keep_fp32", "is_kept", "keep_fp32", "release_fp32",
+           "resolve_keep_fp32", "rule_names"]
 
 KeepFp32Rule = str | type[nn.Module]
 
@@ -152,12 +152,22 @@ def _keep(module: nn.Module, device_type: str | None, owner: Fp32Policy | None) 
     return module
 
 
+def is_kept(module: nn.Module) -> bool:
+    """Whether ``module`` runs in fp32 under ``keep_fp32`` (by hand or by an engine's rules).
+
+    >>> m = nn.Linear(2, 2)
+    >>> is_kept(m), is_kept(keep_fp32(m))
+    (False, True)
+    """
+    return getattr(module, _ATTR, None) is not None
+
+
 def release_fp32(module: nn.Module) -> None:
     """Undo ``keep_fp32(module)``."""
     kept = getattr(module, _ATTR, None)
     if kept is None:
         return
-    for h in kept.handles if isinstance(kept, _Kept) else kept:
+    for h in kept.handles:
         h.remove()
     delattr(module, _ATTR)
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ampkit.policy import keep_fp32, release_fp32
+from ampkit.policy import is_kept, keep_fp32, release_fp32
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def own_ops_in_fp32(model: nn.Module, name: str, device_type: str, dtype: torch.
     (torch.float32, True)
     """
     parent = dict(model.named_modules())[name]
-    applied = getattr(parent, "_ampkit_keep_fp32", None) is None  # as Session.kept_fp32 tells it
+    applied = not is_kept(parent)
     if applied:
         keep_fp32(parent, device_type)
     entered: list[torch.autocast] = []

@@ -28,7 +28,7 @@ from ampkit.diagnose.core.modules import ModuleRecorder, module_of_param
 from ampkit.diagnose.step.fp8 import fp8_precision, out_of_fp8, strip_fp8
 from ampkit.diagnose.step.programs import ForwardOut, StepProgram
 from ampkit.diagnose.step.trace import OpTracer, TraceLog
-from ampkit.policy import keep_fp32, release_fp32
+from ampkit.policy import is_kept, keep_fp32, release_fp32
 from ampkit.precision import Precision
 
 __all__ = ["RngSnapshot", "RunResult", "Session", "copy_model", "unwrap_model"]
@@ -187,7 +187,7 @@ class Session:
         applied = []
         for n in names:
             m = modules[n]
-            if getattr(m, "_ampkit_keep_fp32", None) is None:
+            if not is_kept(m):
                 keep_fp32(m, self.device.type)
                 applied.append(m)
         try:
