@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from ampkit import Precision, PrecisionError
-from ampkit.precision import PRECISION_ALIASES
+from ampkit.precision import FP8_RECIPES, PRECISION_ALIASES, PRECISION_NAMES
+from ampkit.verify.report import load_schema
 
 
 @pytest.mark.parametrize(
@@ -16,6 +17,15 @@ def test_precision_parses_every_alias(spec: str, name: str) -> None:
     p = Precision.parse(spec, device="cpu")
     assert p.name == name
     assert p.device == torch.device("cpu")
+
+
+def test_precision_names_are_every_alias_target_and_the_schema_enum() -> None:
+    # PrecisionName is the closed set: every spelling parses to one of its names, each name parses
+    # to itself (it has a dtype), and the verify report's schema lists the same names.
+    assert set(PRECISION_NAMES) == set(PRECISION_ALIASES.values()) - {"auto"}
+    assert [Precision.parse(n, device="cpu").name for n in PRECISION_NAMES] == list(PRECISION_NAMES)
+    assert set(FP8_RECIPES) <= set(PRECISION_NAMES)
+    assert load_schema()["$defs"]["precision"]["enum"] == list(PRECISION_NAMES)
 
 
 def test_precision_dtypes_and_scaling_flags() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -26,8 +27,11 @@ __all__ = [
     "FP8_RECIPES",
     "LOW_PRECISION_DTYPES",
     "PRECISION_ALIASES",
+    "PRECISION_NAMES",
+    "Fp8RecipeName",
     "Precision",
     "PrecisionError",
+    "PrecisionName",
     "cpu_has_fast_bf16",
     "cpu_has_fast_fp16",
     "resolve_device",
@@ -41,8 +45,18 @@ class PrecisionError(ValueError):
     """A precision name or device that cannot be used; the message says what to use instead."""
 
 
+PrecisionName = Literal["fp32", "bf16", "fp16", "fp8", "fp8-rowwise"]
+"""A canonical precision name (``Precision.name``): what reports, checkpoints and findings record.
+Users may spell them otherwise (``PRECISION_ALIASES``); ``Precision.parse`` turns any spelling into one."""
+
+PRECISION_NAMES: tuple[PrecisionName, ...] = get_args(PrecisionName)
+"""Every canonical name, in ``PrecisionName``'s order."""
+
+Fp8RecipeName = Literal["tensorwise", "rowwise"]
+"""torchao's recipe names (``Float8LinearRecipeName``) that an ampkit fp8 precision trains."""
+
 # Accepted spellings -> canonical name.  "auto" is resolved per device.
-PRECISION_ALIASES: dict[str, str] = {
+PRECISION_ALIASES: dict[str, PrecisionName | Literal["auto"]] = {
     "fp32": "fp32",
     "32": "fp32",
     "32-true": "fp32",
@@ -60,13 +74,13 @@ PRECISION_ALIASES: dict[str, str] = {
     "auto": "auto",
 }
 
-FP8_RECIPES: dict[str, str] = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}
+FP8_RECIPES: dict[PrecisionName, Fp8RecipeName] = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}
 """Canonical fp8 precision name -> the torchao recipe name (``Float8LinearConfig.from_recipe_name``)."""
 
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 
 # fp8 computes its converted Linear layers in fp8 and everything else under bf16 autocast.
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+_DTYPES: dict[PrecisionName, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
            "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16}
 
 
@@ -165,7 +179,7 @@ class Precision:
     ('fp8', torch.bfloat16, False, 'tensorwise')
     """
 
-    name: str
+    name: PrecisionName
     """Canonical name: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"`` or ``"fp8-rowwise"``."""
     device: torch.device
     """The device the precision was checked against."""
@@ -195,7 +209,7 @@ class Precision:
         return self.name in FP8_RECIPES
 
     @property
-    def fp8_recipe(self) -> str | None:
+    def fp8_recipe(self) -> Fp8RecipeName | None:
         """torchao's recipe name (``"tensorwise"`` or ``"rowwise"``) for fp8, else None."""
         return FP8_RECIPES.get(self.name)
 
@@ -209,14 +223,13 @@ class Precision:
             accepted = ", ".join(repr(k) for k in PRECISION_ALIASES)
             raise PrecisionError(f"precision {spec!r} is not known; accepted names: {accepted}")
         dev = resolve_device(device)
-        name = PRECISION_ALIASES[key]
-        if name == "auto":
-            name = cls._auto(dev)
+        alias = PRECISION_ALIASES[key]
+        name = cls._auto(dev) if alias == "auto" else alias
         cls._check(name, dev)
         return cls(name=name, device=dev)
 
     @staticmethod
-    def _auto(dev: torch.device) -> str:
+    def _auto(dev: torch.device) -> PrecisionName:
         if _bf16_fast(dev):
             return "bf16"
         if dev.type == "cuda":
@@ -224,7 +237,7 @@ class Precision:
         return "fp32"
 
     @staticmethod
-    def _check(name: str, dev: torch.device) -> None:
+    def _check(name: PrecisionName, dev: torch.device) -> None:
         if name in FP8_RECIPES and dev.type not in ("cpu", "cuda"):
             raise PrecisionError(
                 f"{name} was requested on {dev}: torchao's float8 training runs on cuda (fp8 GEMMs from "
