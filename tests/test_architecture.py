@@ -194,12 +194,16 @@ def _long_defs(path: Path) -> list[str]:
     return long
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_architecture_file_and_def_sizes(path: Path) -> None:
-    lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_FILE_LINES, f"{path.relative_to(SRC)} has {lines} lines (at most {MAX_FILE_LINES}): split it"
-    assert _long_defs(path) == [], f"functions over {MAX_DEF_LINES} lines (docstring included): split them"
-
+def test_architecture_no_file_or_def_over_the_size_cap() -> None:
+    """One test lists every file and def over its cap: a cap is an alarm to split by concept."""
+    over = []
+    for path in _files().values():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_FILE_LINES:
+            over.append(f"{path.relative_to(SRC)} ({lines} lines)")
+        over += _long_defs(path)
+    assert over == [], (f"over the caps ({MAX_FILE_LINES} lines a file, {MAX_DEF_LINES} a def, docstring "
+                        "included): split them by concept, not by reflowing: " + "; ".join(over))
 
 
 def _declared_all(module: str) -> set[str] | None:
@@ -242,17 +246,20 @@ def _shares_package(importer: str, source: str) -> bool:
     return importer == home or importer.startswith(home + ".")
 
 
-@pytest.mark.parametrize("module", sorted(_files()))
-def test_architecture_modules_import_only_listed_public_names(module: str) -> None:
-    for source, name in _names_imported_from_modules(module):
-        if name.startswith("__") and name.endswith("__"):
-            continue
-        if name.startswith("_"):
-            assert _shares_package(module, source), (
-                f"{module} imports the private {source}.{name} from another package: make it public")
-            continue
-        listed = _declared_all(source)
-        assert listed is not None and name in listed, f"{module} imports {name}, missing from {source}.__all__"
+def test_architecture_modules_import_only_listed_public_names() -> None:
+    bad = []
+    for module in sorted(_files()):
+        for source, name in _names_imported_from_modules(module):
+            if name.startswith("__") and name.endswith("__"):
+                continue
+            if name.startswith("_"):
+                if not _shares_package(module, source):
+                    bad.append(f"{module} imports the private {source}.{name} from another package: make it public")
+                continue
+            listed = _declared_all(source)
+            if listed is None or name not in listed:
+                bad.append(f"{module} imports {name}, missing from {source}.__all__")
+    assert bad == [], "; ".join(bad)
 
 
 def test_architecture_private_names_are_shared_only_within_their_package() -> None:
@@ -279,3 +286,109 @@ def test_architecture_public_surface_is_documented(package: str) -> None:
     docs = " ".join(path.read_text(encoding="utf-8") for path in DOCS)
     undocumented = sorted(n for n in exported if not re.search(rf"\b{re.escape(n)}\b", docs))
     assert not undocumented, f"{package} exports {undocumented}, which no page of docs/ names"
+
+
+ARCHITECTURE_DOC = SRC.parent / "docs" / "architecture.md"
+DESCRIPTION_COLUMN = 20
+"""In the layout block a line indented this far or more continues the entry above it."""
+
+
+def _doc_block(heading: str, text: str | None = None) -> list[str]:
+    """The lines of the first fenced block under ``## heading`` of docs/architecture.md."""
+    text = ARCHITECTURE_DOC.read_text(encoding="utf-8") if text is None else text
+    found = re.search(rf"^## {re.escape(heading)}\n.*?^```\n(.*?)^```", text, re.S | re.M)
+    assert found, f"docs/architecture.md has no fenced block under '## {heading}'"
+    return found.group(1).splitlines()
+
+
+def _layout_entries(lines: list[str]) -> dict[str, str]:
+    """The layout block read as {path under src/ampkit ('telemetry/' for a directory): its description}."""
+    entries: dict[str, str] = {}
+    directories: list[tuple[int, str]] = []  # (indent, path) of the directory entries enclosing a line
+    current = ""
+    for line in lines[1:]:  # the first line is src/ampkit/ itself
+        indent = len(line) - len(line.lstrip())
+        if not line.strip():
+            continue
+        if indent >= DESCRIPTION_COLUMN:
+            entries[current] += " " + line.strip()
+            continue
+        name, _, description = line.strip().partition(" ")
+        while directories and directories[-1][0] >= indent:
+            directories.pop()
+        current = (directories[-1][1] if directories else "") + name
+        entries[current] = description.strip()
+        if name.endswith("/"):
+            directories.append((indent, current))
+    return entries
+
+
+def _names(description: str, name: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", description) is not None
+
+
+def _unnamed_files(entries: dict[str, str], files: list[str]) -> list[str]:
+    """Files (paths under src/ampkit) that the layout names nowhere: a file is named by a line of its
+    own, or in the description of the deepest directory entry above it (a package's __init__.py by
+    its directory's line)."""
+    unnamed = []
+    for rel in files:
+        if rel in entries:
+            continue
+        parts = rel.split("/")
+        depth = next((d for d in range(len(parts) - 1, 0, -1) if "".join(p + "/" for p in parts[:d]) in entries), 0)
+        if depth == 0:
+            unnamed.append(rel)
+            continue
+        if parts[-1] == "__init__.py" and depth == len(parts) - 1:
+            continue
+        description = entries["".join(p + "/" for p in parts[:depth])]
+        rest = "/".join(parts[depth:])
+        candidates = {rest, rest.removesuffix(".py"), parts[-1], parts[-1].removesuffix(".py")}
+        if not any(_names(description, c) for c in candidates):
+            unnamed.append(rel)
+    return unnamed
+
+
+def _src_files() -> list[str]:
+    return sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts)
+
+
+def test_architecture_every_src_file_is_named_in_the_layout() -> None:
+    unnamed = _unnamed_files(_layout_entries(_doc_block("Layout")), _src_files())
+    assert unnamed == [], ("files under src/ampkit that docs/architecture.md's Layout names nowhere: "
+                           f"{unnamed}; add each to its directory's line (or a line of its own)")
+
+
+def test_architecture_layout_names_no_missing_path() -> None:
+    stale = sorted(e for e in _layout_entries(_doc_block("Layout")) if not (PACKAGE / e).exists())
+    assert stale == [], f"docs/architecture.md's Layout has lines for paths src/ampkit does not have: {stale}"
+
+
+def test_architecture_layout_check_fails_for_a_file_without_a_line() -> None:
+    layout = ["src/ampkit/", "  precision.py        Precision", "  diagnose/",
+              "    core/             shared: stats (ranges), modules", "                      (hooks)"]
+    entries = _layout_entries(layout)
+    assert entries["diagnose/core/"] == "shared: stats (ranges), modules (hooks)"
+    files = ["precision.py", "diagnose/__init__.py", "diagnose/core/stats.py", "diagnose/core/modules.py",
+             "diagnose/core/ranges2.py", "diagnose/core/new.py", "diagnose/task.py", "scaler.py"]
+    assert _unnamed_files(entries, files) == ["diagnose/core/ranges2.py", "diagnose/core/new.py",
+                                              "diagnose/task.py", "scaler.py"]
+
+
+def _doc_layers() -> dict[str, int]:
+    """The Layers table of docs/architecture.md as {module: layer} (lint's line stands apart)."""
+    layers: dict[str, int] = {}
+    for line in _doc_block("Layers"):
+        row = re.match(r"\s*(\d+)\s+(.*)", line)
+        for token in row.group(2).split() if row else []:
+            if token.endswith(("/", ".py")):
+                module = "ampkit" if token == "ampkit/__init__.py" else (
+                    "ampkit." + token.rstrip("/").removesuffix(".py").replace("/", "."))
+                layers[module] = int(row.group(1))
+    return layers
+
+
+def test_architecture_layer_table_of_the_docs_equals_layers() -> None:
+    assert _doc_layers() == LAYERS
