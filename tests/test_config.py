@@ -1,4 +1,4 @@
-"""EngineConfig (ampkit.config): validation, and the engine's repr / state / descriptor derived from it."""
+"""EngineConfig (ampkit.engine.config): validation, and the engine's repr / state / descriptor derived from it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ampkit
-from ampkit.config import EngineConfig
+from ampkit.engine import EngineConfig
 from ampkit.precision import Precision
 
 

@@ -69,7 +69,7 @@ def test_engine_step_refuses_closure_before_touching_anything(precision, seed) -
 
 
 def test_requires_closure_reads_the_step_signature() -> None:
-    from ampkit._guards import requires_closure
+    from ampkit.engine._guards import requires_closure
 
     params = [torch.nn.Parameter(torch.zeros(1))]
     assert requires_closure(torch.optim.LBFGS(params))

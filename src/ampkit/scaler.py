@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ampkit._state import check_dynamic_scaler_state, check_static_scaler_state
+from ampkit._scaler_rules import check_dynamic_scaler_state, check_static_scaler_state
 from ampkit._util.grads import unscale_groups
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def unscale_and_check_(
     fp16 sparse gradient: it is checked and multiplied as a coalesced copy, as ``GradScaler``
     checks it (duplicate indices can overflow fp16 only once summed), and stays scaled itself.
     To keep the result, replace it by ``g.coalesce()`` first, as the engine does on each
-    parameter (``ampkit._boundary.grads_to_unscale``); a coalesced tensor coalesces to itself.
+    parameter (``ampkit.engine._boundary.grads_to_unscale``); a coalesced tensor coalesces to itself.
     A complex gradient is checked and multiplied through its real view (``unscale_groups``).
 
     >>> g = [torch.tensor([2.0, 4.0]), torch.tensor([float("inf")])]

@@ -11,7 +11,7 @@ Every operation is the one ``torch.autocast`` + ``torch.amp.GradScaler`` perform
 official recipe, in the same order, so the result is bit-identical to that recipe.  The step
 makes no host sync for torch's fused optimizers (Adam, AdamW, SGD, Adagrad with ``fused=True``),
 whose kernels read ``found_inf`` themselves; for other optimizers exactly one remains: reading
-``found_inf`` to decide whether to call ``optimizer.step()`` (``ampkit._boundary``).
+``found_inf`` to decide whether to call ``optimizer.step()`` (``ampkit.engine._boundary``).
 
 The engine knows its extensions only as ``EngineHook`` objects (``ampkit.hooks``); ``ampkit.MixedPrecision``
 (``ampkit.mixed_precision``) adds the ``telemetry=`` and ``doctor=`` shorthands on top of it.
@@ -28,18 +28,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit import _boundary
 from ampkit import hooks as _hooks
-from ampkit._guards import (
+from ampkit._util.nested import flatten_tensors
+from ampkit.engine import _boundary
+from ampkit.engine._guards import (
     check_backward_loss,
     check_no_closure,
     check_optimizer,
     check_param,
     no_gradients_error,
 )
-from ampkit._state import EngineState, check_engine_state
-from ampkit._util.nested import flatten_tensors
-from ampkit.config import EngineConfig
+from ampkit.engine._state import EngineState, check_engine_state
+from ampkit.engine.config import EngineConfig
 from ampkit.fp8 import Fp8Converter, Fp8Filter
 from ampkit.policy import Fp32Policy, KeepFp32Rule, check_keep_fp32
 from ampkit.precision import Precision
