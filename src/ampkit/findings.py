@@ -34,6 +34,7 @@ __all__ = [
     "accelerate_fp16_off",
     "autocast_setting",
     "loss_in_low_precision",
+    "loss_in_low_precision_finding",
     "mixed_precision_off",
     "nonfinite_input",
     "scale_collapse",
@@ -320,3 +321,19 @@ def loss_in_low_precision(dtype: Any, *, scale: float | None = None, overflowed:
            "`loss = loss_fn(output.float(), target)`, or compute it outside the autocast block"
            + (", so that loss × scale stays finite" if overflowed else ""))
     return message, fix
+
+
+def loss_in_low_precision_finding(dtype: Any, *, scale: float | None = None, overflowed: bool = False,
+                                  location: str | None = None, step: int | None = None) -> Finding:
+    """LOSS_IN_LOW_PRECISION as every doctor reports it: ``loss_in_low_precision``'s message and fix, an error
+    when scaling the loss ``overflowed`` (else a warning), and the evidence ``loss_dtype`` (as ``dtype_name``
+    spells it) and ``loss_scale`` (None where the emitter does not know the scale).
+
+    >>> f = loss_in_low_precision_finding("float16", scale=1024.0, step=3)
+    >>> (f.severity, f.evidence)
+    ('warning', {'loss_dtype': 'fp16', 'loss_scale': 1024.0})
+    """
+    message, fix = loss_in_low_precision(dtype, scale=scale, overflowed=overflowed)
+    return Finding(code="LOSS_IN_LOW_PRECISION", severity="error" if overflowed else "warning", message=message,
+                   fix=fix, location=location, step=step,
+                   evidence={"loss_dtype": dtype_name(dtype), "loss_scale": scale})

@@ -68,7 +68,7 @@ def test_trace_additive_masks_summing_to_neg_inf_are_named() -> None:
     assert overflow[0].module == "attn"
     assert overflow[0].op == "aten::add"
     assert overflow[0].location == _loc("mask-sum")
-    assert overflow[0].evidence["input_dtypes"] == ["float16", "float16"]
+    assert overflow[0].evidence["input_dtypes"] == ["fp16", "fp16"]
 
 
 def test_trace_intended_neg_inf_mask_is_not_a_producer() -> None:
@@ -140,7 +140,7 @@ def test_trace_dtype_mismatch_names_module_and_op() -> None:
     (f,) = result.findings
     assert f.code == "DTYPE_MISMATCH"
     assert f.module == "" and f.op == "aten::mm"
-    assert sorted(f.evidence["input_dtypes"]) == ["float16", "float32"]
+    assert sorted(f.evidence["input_dtypes"]) == ["fp16", "fp32"]
     assert "Half" in result.comparison["shadow_unavailable"]  # the explicit .half() breaks the fp32 copy too
     assert f.location is not None and f.location.endswith(f":{_line_of_mixed()}")
 
@@ -160,7 +160,7 @@ def test_trace_loss_in_low_precision_is_reported_with_its_line() -> None:
 
     result = diagnose_step(model, run, precision="bf16")
     (f,) = [f for f in result.findings if f.code == "LOSS_IN_LOW_PRECISION"]
-    assert f.evidence["loss_dtype"] == "bfloat16"
+    assert f.evidence["loss_dtype"] == "bf16"
     assert (f.message, f.fix) == loss_in_low_precision(torch.bfloat16, scale=1.0)  # the one wording of every emitter
     assert f.location is not None and f.location.split(":")[-1] == str(dm.line_of(__file__, "bf16-loss"))
 

@@ -83,11 +83,12 @@ from ampkit.diagnose.live.capture import (
 from ampkit.diagnose.live.findings import (
     fold_consequence,
     fold_parameters,
+    loss_finding,
     scale_collapse_finding,
     seed_finding,
     weights_nonfinite,
 )
-from ampkit.findings import Finding, loss_in_low_precision
+from ampkit.findings import Finding
 from ampkit.hooks import EngineHook, HookEvent, StepResult
 
 if TYPE_CHECKING:
@@ -372,13 +373,10 @@ class ReplayDoctor(EngineHook):
             self._replaying = False
         if any(f.code == "BACKWARD_OVERFLOW" and f.severity == "info" for f in found):
             self._scaling_ok = True
-        low = sorted({str(x.dtype).replace("torch.", "") for x in cap.losses
-                      if x.dtype in (torch.float16, torch.bfloat16)})
-        if low and not self._loss_reported:
+        low = loss_finding(cap.losses, cap.step, scale_value(cap))
+        if low is not None and not self._loss_reported:
             self._loss_reported = True
-            message, fix = loss_in_low_precision(low[0], scale=scale_value(cap))
-            found.append(Finding(code="LOSS_IN_LOW_PRECISION", severity="warning", message=message, fix=fix,
-                                 step=cap.step, evidence={"loss_dtype": low[0]}))
+            found.append(low)
         found = sort_findings(fold_parameters(found, cap.step, after_update=after_update))
         self.findings.extend(found)
         self._origin = next((f for f in found if f.severity == "error"), self._origin)

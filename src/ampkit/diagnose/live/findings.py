@@ -10,9 +10,11 @@ from torch import nn
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_module
-from ampkit.findings import SCALE_COLLAPSE_CAUSES, Finding
+from ampkit.findings import SCALE_COLLAPSE_CAUSES, Finding, loss_in_low_precision_finding
+from ampkit.precision import LOW_PRECISION_DTYPES
 
-__all__ = ["fold_consequence", "fold_parameters", "scale_collapse_finding", "seed_finding", "weights_nonfinite"]
+__all__ = ["fold_consequence", "fold_parameters", "loss_finding", "scale_collapse_finding", "seed_finding",
+           "weights_nonfinite"]
 
 MAX_LISTED = 32
 """Steps listed in ``evidence.consequence_steps`` (later ones are counted in ``consequences`` only), and
@@ -21,29 +23,36 @@ parameter names in ``evidence.parameters`` (all are counted in ``count``)."""
 
 def seed_finding(losses: list[torch.Tensor], model: nn.Module, step: int, scale: float) -> Finding:
     """The model's forward is finite but the gradient reaching its outputs is not."""
-    dtypes = sorted({str(x.dtype).replace("torch.", "") for x in losses})
+    # One dtype, as the other doctors report the loss's (in name order: bf16, fp16, fp32, so a narrow one first).
+    dtype = min((dtype_name(x.dtype) for x in losses), default=None)
     losses_finite = all(bool(torch.isfinite(x).all()) for x in losses)
     if losses_finite and scale > 1.0:
         return Finding(
             code="BACKWARD_OVERFLOW", severity="info",
             message=(f"the gradient reaching the model's outputs overflowed at loss scale {scale:g} while the loss "
                      "itself is finite: ordinary dynamic loss scaling — the step is skipped and the scale backs off"
-                     + (f"; the loss is {dtype_name(dtypes[0])}, so its gradient is narrow from the start" if dtypes and
-                        dtypes[0] in ("float16", "bfloat16") else "")),
+                     + (f"; the loss is {dtype}, so its gradient is narrow from the start" if dtype in ("fp16", "bf16")
+                        else "")),
             fix=("Nothing to change if it happens now and then; if most steps are skipped, lower init_scale. "
                  "Computing the loss in fp32 (loss_fn(output.float(), target)) widens the range at this boundary."),
-            step=step, evidence={"loss_scale": scale, "loss_dtypes": dtypes, "phase": "backward",
-                                     "where": "model output"},
+            step=step, evidence={"loss_scale": scale, "loss_dtype": dtype, "phase": "backward",
+                                 "where": "model output"},
         )
     return Finding(
         code="FORWARD_NAN", severity="error",
         message=("the model's forward is finite, but the gradient reaching its outputs is not: the non-finite "
                  "value was produced between the model output and the loss (the loss function or the targets)"
-                 + (f"; the loss was {dtype_name(dtypes[0])}" if dtypes else "")),
+                 + (f"; the loss was {dtype}" if dtype else "")),
         fix=("Check the targets for NaN/inf, clamp probabilities before log(), and compute the loss in fp32 "
              "(loss_fn(output.float(), target))."),
-        step=step, evidence={"loss_dtypes": dtypes, "model": type(model).__name__},
+        step=step, evidence={"loss_dtype": dtype, "model": type(model).__name__},
     )
+
+
+def loss_finding(losses: list[torch.Tensor], step: int, scale: float | None) -> Finding | None:
+    """LOSS_IN_LOW_PRECISION when a captured loss is bf16 or fp16 (the narrowest one named), else None."""
+    low = sorted(dtype_name(x.dtype) for x in losses if x.dtype in LOW_PRECISION_DTYPES)
+    return loss_in_low_precision_finding(low[0], scale=scale, step=step) if low else None
 
 
 def scale_collapse_finding(found: list[Finding], step: int, scale: float) -> Finding:

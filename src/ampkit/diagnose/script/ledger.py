@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampkit.findings import CODES, SEVERITY_ORDER, Code, Finding, Severity
+from ampkit.findings import CODES, SEVERITY_ORDER, Code, Finding
 
 __all__ = ["Ledger"]
 
 
 @dataclass
 class _Entry:
-    code: Code
-    severity: Severity
-    message: str
-    fix: str
-    module: str | None
-    op: str | None
-    location: str | None
-    step: int | None
-    evidence: dict[str, Any]
+    finding: Finding
+    """The first occurrence (its severity raised by later, worse ones)."""
     count: int = 1
     steps: list[int] = field(default_factory=list)
 
@@ -29,9 +23,10 @@ class _Entry:
 class Ledger:
     """Findings keyed by ``(code, key)``: the first occurrence is kept, later ones are counted.
 
+    >>> from ampkit.findings import Finding
     >>> led = Ledger()
-    >>> [led.add("CLIP_BEFORE_UNSCALE", message="clipped scaled gradients", fix="unscale first", step=s)
-    ...  for s in range(3)]
+    >>> [led.add(Finding(code="CLIP_BEFORE_UNSCALE", severity="error", message="clipped scaled gradients",
+    ...                  fix="unscale first", step=s)) for s in range(3)]
     [True, False, False]
     >>> [(f.code, f.step, f.evidence["occurrences"]) for f in led.findings()]
     [('CLIP_BEFORE_UNSCALE', 0, 3)]
@@ -42,32 +37,29 @@ class Ledger:
         self._lock = threading.Lock()
         """Findings arrive from every thread that trains: a lookup and its insert or count are one step."""
 
-    def add(self, code: Code, *, message: str, fix: str, key: Any = None, severity: Severity | None = None,
-            module: str | None = None, op: str | None = None, location: str | None = None,
-            step: int | None = None, evidence: dict[str, Any] | None = None) -> bool:
-        """Record a finding; returns True when it is the first of its ``(code, key)``."""
-        if code not in CODES:
-            raise ValueError(f"unknown finding code {code!r}")
-        with self._lock:
-            return self._add(code, message=message, fix=fix, key=key, severity=severity, module=module, op=op,
-                             location=location, step=step, evidence=evidence)
+    def add(self, finding: Finding | Code, *, key: Any = None, **fields: Any) -> bool:
+        """Record ``finding`` under ``(finding.code, key)``; returns True when it is the first of its key.
 
-    def _add(self, code: Code, *, message: str, fix: str, key: Any, severity: Severity | None, module: str | None,
-             op: str | None, location: str | None, step: int | None, evidence: dict[str, Any] | None) -> bool:
-        entry = self._entries.get((code, key))
-        if entry is not None:
+        A later one is counted (its step listed), and raises the kept finding's severity when it is worse.
+        Given a code instead, ``fields`` are the rest of its ``Finding`` (``severity`` defaults to the code's).
+        """
+        if not isinstance(finding, Finding):
+            if finding not in CODES:
+                raise ValueError(f"unknown finding code {finding!r}; known: {sorted(CODES)}")
+            finding = Finding(code=finding, severity=fields.pop("severity", None) or CODES[finding], **fields)
+        with self._lock:
+            entry = self._entries.get((finding.code, key))
+            if entry is None:
+                # The ledger's own copy of the evidence: fold() appends to it.
+                kept = dataclasses.replace(finding, evidence=dict(finding.evidence))
+                self._entries[(finding.code, key)] = _Entry(kept, steps=[] if kept.step is None else [kept.step])
+                return True
             entry.count += 1
-            if step is not None and len(entry.steps) < 32:
-                entry.steps.append(step)
-            if severity is not None and SEVERITY_ORDER[severity] < SEVERITY_ORDER[entry.severity]:
-                entry.severity = severity
+            if finding.step is not None and len(entry.steps) < 32:
+                entry.steps.append(finding.step)
+            if SEVERITY_ORDER[finding.severity] < SEVERITY_ORDER[entry.finding.severity]:
+                entry.finding = dataclasses.replace(entry.finding, severity=finding.severity)
             return False
-        self._entries[(code, key)] = _Entry(
-            code=code, severity=severity or CODES[code], message=message, fix=fix, module=module, op=op,
-            location=location, step=step, evidence=dict(evidence or {}),
-            steps=[step] if step is not None else [],
-        )
-        return True
 
     def fold(self, code: str, key: Any, consequence: dict[str, Any], *, limit: int = 32) -> bool:
         """Append ``consequence`` to the ``consequences`` evidence of the finding ``(code, key)`` (what it
@@ -76,7 +68,7 @@ class Ledger:
             entry = self._entries.get((code, key))
             if entry is None:
                 return False
-            folded = entry.evidence.setdefault("consequences", [])
+            folded = entry.finding.evidence.setdefault("consequences", [])
             if len(folded) < limit:
                 folded.append(consequence)
             return True
@@ -85,20 +77,19 @@ class Ledger:
         """Whether ``code`` was recorded (under ``key``, when given); with ``acting``, only as an error or a
         warning (not a borderline or other info row)."""
         with self._lock:
-            return any(c == code and (key is None or k == key) and not (acting and e.severity == "info")
+            return any(c == code and (key is None or k == key) and not (acting and e.finding.severity == "info")
                        for (c, k), e in self._entries.items())
 
     def findings(self) -> list[Finding]:
-        out = []
+        """Every kept finding, its evidence counting its ``occurrences`` (and listing their ``steps``)."""
         with self._lock:
-            entries = list(self._entries.values())
-        for e in entries:
-            evidence = dict(e.evidence)
-            evidence["occurrences"] = e.count
-            if len(e.steps) > 1:
-                evidence["steps"] = e.steps
-            out.append(Finding(code=e.code, severity=e.severity, message=e.message, fix=e.fix, module=e.module,
-                               op=e.op, location=e.location, step=e.step, evidence=evidence))
+            entries = [(e.finding, e.count, list(e.steps)) for e in self._entries.values()]
+        out = []
+        for f, count, steps in entries:
+            evidence = {**f.evidence, "occurrences": count}
+            if len(steps) > 1:
+                evidence["steps"] = steps
+            out.append(dataclasses.replace(f, evidence=evidence))
         return out
 
     def __len__(self) -> int:

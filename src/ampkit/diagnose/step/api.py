@@ -58,7 +58,7 @@ from ampkit.diagnose.step.programs import LossProgram, StepProgram
 from ampkit.diagnose.step.result import DiagnosisResult, Headroom
 from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.diagnose.step.trace import TraceLog
-from ampkit.findings import Finding, loss_in_low_precision
+from ampkit.findings import Finding, loss_in_low_precision_finding
 from ampkit.fp8 import fp8_layer_names
 from ampkit.precision import Precision
 from ampkit.thresholds import THRESHOLDS, is_borderline
@@ -202,13 +202,9 @@ class _Diagnosis:
         assert lp.log is not None
         s, log = self.s, lp.log
         fixable: list[Finding] = []
-        if lp.loss_dtype in ("float16", "bfloat16"):
-            message, fix = loss_in_low_precision(lp.loss_dtype, scale=s.program.loss_scale)
-            self.findings.append(Finding(
-                code="LOSS_IN_LOW_PRECISION", severity="warning", message=message, fix=fix,
-                location=display_location(lp.loss_location), step=self.step,
-                evidence={"loss_dtype": lp.loss_dtype, "loss_scale": s.program.loss_scale},
-            ))
+        if lp.loss_dtype in ("fp16", "bf16"):
+            self.findings.append(loss_in_low_precision_finding(
+                lp.loss_dtype, scale=s.program.loss_scale, location=display_location(lp.loss_location), step=self.step))
         inputs = input_findings(log, step=self.step)
         self.findings.extend(inputs)
         nonfinite = not lp.finite

@@ -180,7 +180,7 @@ def _singular(p: Producer, sing: Singularity, where: str, fwd_op: str | None, ev
     rec = p.record
     fp32_finite = None if ref is None else ref.finite
     evidence.update(singularity=sing.to_json(), overflows_at_any_scale=True, fp32_gradients_finite=fp32_finite)
-    low = dtype_name(p.out_dtype) if p.out_dtype in ("float16", "bfloat16") else "low precision"
+    low = p.out_dtype if p.out_dtype in ("fp16", "bf16") else "low precision"
     hit = ("a value near ±1 rounded to exactly ±1" if sing.point == "±1" else
            "a small quantity underflowed to exactly 0")
     why = (f" The fp32 reference's gradients are finite: {hit} in {low}." if fp32_finite else
@@ -204,7 +204,7 @@ def peak_backward(run: RunResult, fmt: str) -> float:
     """Largest finite |gradient| among backward op outputs in the low-precision format."""
     if run.log is None:
         return 0.0
-    dtype = str(FORMATS[fmt].torch_dtype).replace("torch.", "") if fmt in FORMATS else ""
+    dtype = dtype_name(FORMATS[fmt].torch_dtype) if fmt in FORMATS else ""
     peak = 0.0
     for rec in run.log.records:
         if rec.phase != "backward":

@@ -40,7 +40,7 @@ __all__ = [
     "producer_finding",
 ]
 
-_DTYPE_BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8}
+_DTYPE_BITS = {"fp64": 64, "fp32": 32, "bf16": 16, "fp16": 16, "fp8_e4m3": 8, "fp8_e5m2": 8}
 
 
 @dataclass(frozen=True)

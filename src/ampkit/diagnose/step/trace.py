@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.modules import ModuleRecorder
 
@@ -65,6 +66,7 @@ class SlotInfo:
     name: str | None = None
     """Parameter or buffer name."""
     dtype: str = ""
+    """As ``dtype_name`` spells it (``fp16``): the spelling of the findings' evidence."""
     shape: tuple[int, ...] = ()
 
 
@@ -80,6 +82,7 @@ class OpRecord:
     module: str | None
     location: str | None
     in_dtypes: tuple[str, ...]
+    """Each tensor input's dtype as ``dtype_name`` spells it (``fp16``, ``fp32``, ``int64``)."""
     out_dtypes: tuple[str, ...]
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
@@ -178,7 +181,7 @@ class OpTracer(TorchDispatchMode):
 
     # -- slots -------------------------------------------------------------------------------
     def _new_slot(self, t: torch.Tensor, info: SlotInfo) -> int:
-        info.dtype = str(t.dtype).replace("torch.", "")
+        info.dtype = dtype_name(t.dtype)
         info.shape = tuple(t.shape)
         self.slots.append(info)
         if t.numel() == 0 or info.kind == "uninit":
@@ -252,7 +255,7 @@ class OpTracer(TorchDispatchMode):
         else:
             fwd, module, location, node_name = self._backward_origin()
         in_slots = tuple(self._input_slot(t, index) for t in tensors)
-        in_dtypes = tuple(str(t.dtype).replace("torch.", "") for t in tensors)
+        in_dtypes = tuple(dtype_name(t.dtype) for t in tensors)
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
@@ -276,7 +279,7 @@ class OpTracer(TorchDispatchMode):
             out_slots.append(slot)
         self.records.append(OpRecord(
             index=index, phase=self.phase, op=name, module=module, location=location, in_dtypes=in_dtypes,
-            out_dtypes=tuple(str(o.dtype).replace("torch.", "") for o in outs + mutated),
+            out_dtypes=tuple(dtype_name(o.dtype) for o in outs + mutated),
             in_slots=in_slots, out_slots=tuple(out_slots), scalar_nonfinite=scalar_nonfinite,
             forward_op=fwd, node=node_name,
         ))

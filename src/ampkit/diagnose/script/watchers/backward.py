@@ -6,12 +6,11 @@ from __future__ import annotations
 import torch
 from typing_extensions import override
 
-from ampkit._util.dtypes import dtype_name
 from ampkit._util.threads import PerThread, thread_values
 from ampkit.diagnose.script.services.scalers import ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers.base import Watcher
-from ampkit.findings import loss_in_low_precision
+from ampkit.findings import loss_in_low_precision_finding
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["BackwardWatch"]
@@ -63,12 +62,8 @@ class BackwardWatch(Watcher):
             )
         if loss.numel() == 1 and loss.dtype in LOW_PRECISION_DTYPES:
             location = self.state.frames.caller()
-            message, fix = loss_in_low_precision(loss.dtype)
-            self.state.ledger.add(
-                "LOSS_IN_LOW_PRECISION", key=location, message=message, fix=fix, location=location,
-                step=self.state.step,
-                evidence={"loss_dtype": dtype_name(loss.dtype)},
-            )
+            self.state.ledger.add(loss_in_low_precision_finding(loss.dtype, location=location, step=self.state.step),
+                                  key=location)
         mine._pending_loss = loss
 
     @override

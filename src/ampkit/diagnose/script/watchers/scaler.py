@@ -17,7 +17,6 @@ from torch.amp.grad_scaler import OptState
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from typing_extensions import override
 
-from ampkit._util.dtypes import dtype_name
 from ampkit._util.threads import thread_values
 from ampkit._util.trees import leaves
 from ampkit.diagnose.script.errors import exception_finding
@@ -28,7 +27,7 @@ from ampkit.diagnose.script.services.scalers import ScalerInfo, ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.diagnose.script.where import where_now
-from ampkit.findings import loss_in_low_precision
+from ampkit.findings import loss_in_low_precision_finding
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["ScalerWatch"]
@@ -146,11 +145,8 @@ class ScalerWatch(Watcher):
                           location: str | None = location) -> None:
                     if v > 0:
                         self.scalers.scaled_overflow.add(it)
-                        message, fix = loss_in_low_precision(a_dtype, overflowed=True)
-                        self.state.ledger.add(
-                            "LOSS_IN_LOW_PRECISION", key=location, severity="error", message=message, fix=fix,
-                            location=location, step=it, evidence={"loss_dtype": dtype_name(a_dtype)},
-                        )
+                        self.state.ledger.add(loss_in_low_precision_finding(
+                            a_dtype, overflowed=True, location=location, step=it), key=location)
                 self.state.pending.read(overflow, judge)
 
     def _explain_order(self, exc: BaseException, sc: Any, call: str) -> None:
