@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from ampkit.engine import Engine
+from ampkit.precision import Precision
 
-__all__ = ["EngineHook", "HookEvent", "StepResult", "overrides"]
+__all__ = ["EngineHook", "HookEvent", "HookedEngine", "StepResult", "overrides"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,40 @@ class HookEvent:
     """Anything else the receiver needs (JSON-able)."""
 
 
+class HookedEngine(Protocol):
+    """What a hook reads from the engine that calls it: the engine (``ampkit.engine.Engine``) and
+    ``integrations.LoopDoctor``, which feeds ``ReplayDoctor`` from a loop a framework drives, both
+    provide it.  A hook that needs more holds what it needs from its own construction."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where autocast runs and the step's tensors (loss scale, ``found_inf``) live."""
+
+    @property
+    def precision(self) -> Precision:
+        """The precision the models run in."""
+
+    @property
+    def models(self) -> Sequence[nn.Module]:
+        """The models prepared so far, in order."""
+
+    @property
+    def grad_accumulation(self) -> int:
+        """Micro-batches per optimizer step (the backpropagated loss is divided by it)."""
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps (applied or skipped) completed so far."""
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The current loss scale on ``device`` (1.0 without a loss scaler)."""
+
+    @property
+    def hooks(self) -> tuple[EngineHook, ...]:
+        """The hooks attached, in call order (a snapshot)."""
+
+
 class EngineHook:
     """Observer of an engine's steps; every method is a no-op by default.
 
@@ -84,23 +117,23 @@ class EngineHook:
     once at the end.
     """
 
-    def on_attach(self, engine: Engine) -> None:
+    def on_attach(self, engine: HookedEngine) -> None:
         """Called once when the hook is attached to ``engine`` (before any other call)."""
 
-    def on_prepare(self, engine: Engine, model: nn.Module) -> None:
+    def on_prepare(self, engine: HookedEngine, model: nn.Module) -> None:
         """Called once per model when ``prepare`` first records it (before its first forward)."""
 
-    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+    def on_backward(self, engine: HookedEngine, loss: torch.Tensor) -> None:
         """Called with the user's (unscaled, undivided) loss before backward.
 
         A loss passed as nested lists/tuples of tensors gives one call per tensor, depth first,
         as one ``backward`` per tensor would: ``loss`` is always a tensor.
         """
 
-    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def after_unscale(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Called at the boundary once gradients are unscaled and checked, before clipping."""
 
-    def reduce_found_inf(self, engine: Engine, found_inf: torch.Tensor) -> torch.Tensor:
+    def reduce_found_inf(self, engine: HookedEngine, found_inf: torch.Tensor) -> torch.Tensor:
         """Return ``found_inf`` made global (every rank takes the same skip decision).
 
         The default returns it unchanged.  A hook that overrides this makes the engine check
@@ -111,20 +144,20 @@ class EngineHook:
         """
         return found_inf
 
-    def wait_found_inf(self, engine: Engine) -> None:
+    def wait_found_inf(self, engine: HookedEngine) -> None:
         """Complete an asynchronous ``reduce_found_inf`` (called after clipping)."""
 
     def before_optimizer_step(
-        self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
+        self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
         grad_norm: torch.Tensor | None,
     ) -> None:
         """Called at the boundary after unscale and clip, before the step-or-skip."""
 
-    def after_step(self, engine: Engine, result: StepResult,
+    def after_step(self, engine: HookedEngine, result: StepResult,
                    optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Called after the scaler update at each boundary (before zero_grad)."""
 
-    def on_event(self, engine: Engine, event: HookEvent) -> bool | None:
+    def on_event(self, engine: HookedEngine, event: HookEvent) -> bool | None:
         """Called for every ``engine.emit(event)``; ignore kinds you do not handle.
 
         Return True when this hook acted on the event (``emit`` then returns True, so the sender

@@ -31,7 +31,7 @@ from typing_extensions import override
 from ampkit._util.version import __version__
 from ampkit.distributed._comm import ProcessGroup, all_gather_bytes, describe_ranks, require_process_group
 from ampkit.engine import Engine
-from ampkit.hooks import EngineHook
+from ampkit.hooks import EngineHook, HookedEngine
 
 __all__ = [
     "DistributedContext",
@@ -110,7 +110,7 @@ class DistributedContext(EngineHook):
     """Whether this context makes ``found_inf`` global (all-reduce MAX)."""
 
     def __init__(self, group: ProcessGroup = None) -> None:
-        self.engine: Engine | None = None
+        self.engine: HookedEngine | None = None
         self.group = group
         self.rank = dist.get_rank(group)
         """This process's rank within ``group``."""
@@ -124,12 +124,12 @@ class DistributedContext(EngineHook):
         found_inf reduction (after DDP's or FSDP's own gradient communication)."""
 
     @override
-    def on_attach(self, engine: Engine) -> None:
+    def on_attach(self, engine: HookedEngine) -> None:
         self.engine = engine
 
     # -- hooks ----------------------------------------------------------------------------------
     @override
-    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+    def on_backward(self, engine: HookedEngine, loss: torch.Tensor) -> None:
         # Three scalar kernels per micro-batch, no sync.  The loss is this rank's own: it names
         # the origin of a NaN before any gradient communication spreads it to every rank.
         bad = torch.isfinite(loss.detach()).logical_not().any()
@@ -137,7 +137,7 @@ class DistributedContext(EngineHook):
 
     @override
     def before_optimizer_step(
-        self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
+        self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer], found_inf: torch.Tensor,
         grad_norm: torch.Tensor | None,
     ) -> None:
         local = self._local_found
@@ -184,7 +184,7 @@ class _ReducingContext(DistributedContext):
         self._pending: list[Any] = []
 
     @override
-    def reduce_found_inf(self, engine: Engine, found_inf: torch.Tensor) -> torch.Tensor:
+    def reduce_found_inf(self, engine: HookedEngine, found_inf: torch.Tensor) -> torch.Tensor:
         # One scalar copy: the local verdict survives the in-place reduction for diagnostics.
         self._local_found.append(found_inf.detach().clone())
         work = dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
@@ -192,7 +192,7 @@ class _ReducingContext(DistributedContext):
         return found_inf
 
     @override
-    def wait_found_inf(self, engine: Engine) -> None:
+    def wait_found_inf(self, engine: HookedEngine) -> None:
         """Complete the pending all-reduces (NCCL: orders the stream, no host block; gloo: blocks)."""
         pending, self._pending = self._pending, []
         for work in pending:

@@ -47,7 +47,7 @@ from ampkit.distributed._comm import require_process_group
 from ampkit.distributed._setup import check_consistent
 from ampkit.engine import Engine
 from ampkit.fp8 import Fp8Converter
-from ampkit.hooks import EngineHook, StepResult
+from ampkit.hooks import EngineHook, HookedEngine, StepResult
 from ampkit.policy import KeepFp32Rule, resolve_keep_fp32
 from ampkit.precision import Precision
 
@@ -210,7 +210,7 @@ class _Fp8AllGatherHook(EngineHook):
         self._checked: set[int] = set()
 
     @override
-    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def after_unscale(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         for opt in optimizers:
             if id(opt) in self._checked:
                 continue
@@ -226,7 +226,7 @@ class _Fp8AllGatherHook(EngineHook):
             self._checked.add(id(opt))
 
     @override
-    def after_step(self, engine: Engine, result: StepResult, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def after_step(self, engine: HookedEngine, result: StepResult, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         precompute_float8_dynamic_scale_for_fsdp(self.model)

@@ -2,9 +2,9 @@
 
 ``ReplayDoctor`` is an engine hook: it captures each forward of the models the engine prepared,
 the losses given to ``backward`` and, at each step's end, the step's ``found_inf`` and scale.
-Here a framework drives the loop, so a small stand-in exposes what the doctor reads from an
-engine (``device``, ``precision``, ``models``, ``grad_accumulation``, ``optimizer_steps``) and
-the observer's step-end callback delivers the ``StepResult``.  The replay itself is the
+Here a framework drives the loop, so ``_Loop`` holds what a hook reads from its engine (a
+``HookedEngine``: ``device``, ``precision``, ``models``, ``grad_accumulation``, ``optimizer_steps``,
+``scale``, ``hooks``) and the observer's step-end callback delivers the ``StepResult``.  The replay itself is the
 doctor's, unchanged: a failing step is re-run on a copy of the model, fully instrumented, with
 the precision the framework used.
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,28 +22,34 @@ from torch import nn
 from ampkit._util.modhooks import own_hook
 from ampkit.diagnose.live import ReplayDoctor
 from ampkit.findings import Finding
-from ampkit.hooks import HookEvent, StepResult
+from ampkit.hooks import EngineHook, HookEvent, StepResult
 from ampkit.precision import Precision
 from ampkit.telemetry.gradscaler import GradScalerView
 from ampkit.telemetry.observe import loss_of
-
-if TYPE_CHECKING:
-    from ampkit.engine import Engine
 
 __all__ = ["LoopDoctor"]
 
 log = logging.getLogger("ampkit.doctor")
 
 
-class _LoopEngine:
-    """What ``ReplayDoctor`` reads from its engine, for a loop driven by a framework."""
+@dataclass
+class _Loop:
+    """A framework's loop as the hooks see an engine (``ampkit.hooks.HookedEngine``)."""
 
-    def __init__(self, models: list[nn.Module], precision: Precision, grad_accumulation: int) -> None:
-        self.models = models
-        self.precision = precision
-        self.device = precision.device
-        self.grad_accumulation = max(1, int(grad_accumulation))
-        self.optimizer_steps = 0
+    models: list[nn.Module]
+    precision: Precision
+    grad_accumulation: int
+    hooks: tuple[EngineHook, ...]
+    optimizer_steps: int = 0
+    scale: torch.Tensor = field(init=False)
+    """The loss scale of the last step the observer closed (1.0 until then, and without a GradScaler)."""
+
+    def __post_init__(self) -> None:
+        self.scale = torch.ones((), device=self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.precision.device
 
 
 class LoopDoctor:
@@ -69,8 +76,8 @@ class LoopDoctor:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.doctor = ReplayDoctor()
         models = [model, *(r for r in roots if r is not model)]
-        self._engine = _LoopEngine(models, Precision.parse(precision, device), grad_accumulation)
-        self.doctor.on_attach(self._as_engine)
+        self._loop = _Loop(models, Precision.parse(precision, device), max(1, int(grad_accumulation)), (self.doctor,))
+        self.doctor.on_attach(self._loop)
         self._handles = [model.register_forward_hook(own_hook(model, self._on_output))]
         self._handles += [m.register_forward_hook(own_hook(m, self._on_root_output)) for m in models[1:]]
         self._handles += [opt.register_step_pre_hook(self._before_step) for opt in optimizers]
@@ -82,17 +89,15 @@ class LoopDoctor:
         self._roots = bool(roots)
 
     @property
-    def _as_engine(self) -> Engine:
-        return cast("Engine", self._engine)
-
-    @property
     def findings(self) -> list[Finding]:
         """Every finding of every replay so far."""
         return self.doctor.findings
 
     def step_end(self, step: int, scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
         """The observer closed ``step``: hand the doctor its result (it replays the step if it failed)."""
-        self._engine.optimizer_steps = step
+        self._loop.optimizer_steps = step
+        if scale is not None:
+            self._loop.scale = scale
         if self._forwards == 0 and not self._warned:
             # The replay re-runs the captured forward calls: with none there is nothing to replay.
             self._warned = True
@@ -103,7 +108,7 @@ class LoopDoctor:
                         "submodules) so the doctor captures its inputs", what, step)
         self._forwards = 0
         result = StepResult(boundary=True, found_inf=found_inf, scale=scale, optimizer_step=step)
-        self.doctor.after_step(self._as_engine, result, [])
+        self.doctor.after_step(self._loop, result, [])
 
     def before_update(self, step: int, scale: torch.Tensor | None) -> None:
         """Step ``step``'s gradients are ready and the framework has not applied them: on the CPU a failing
@@ -113,7 +118,7 @@ class LoopDoctor:
     def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if (args and callable(args[0])) or callable(kwargs.get("closure")):
             return  # this step's forward and backward have not run yet
-        self.before_update(self._engine.optimizer_steps + 1, self._view.scale())
+        self.before_update(self._loop.optimizer_steps + 1, self._view.scale())
 
     def record_loss(self, loss: torch.Tensor) -> None:
         """The loss the framework backpropagates, when the model's forward does not return it.
@@ -123,11 +128,11 @@ class LoopDoctor:
         """
         self._explicit_loss = True
         if torch.is_grad_enabled():
-            self.doctor.on_backward(self._as_engine, loss)
+            self.doctor.on_backward(self._loop, loss)
 
     def on_event(self, event: HookEvent) -> bool | None:
         """A telemetry alarm's request (action ``"doctor"``): replay the last step."""
-        return self.doctor.on_event(self._as_engine, event)
+        return self.doctor.on_event(self._loop, event)
 
     def close(self) -> None:
         for handle in self._handles:
@@ -146,4 +151,4 @@ class LoopDoctor:
             return
         loss = loss_of(output)
         if loss is not None and torch.is_grad_enabled():
-            self.doctor.on_backward(self._as_engine, loss)
+            self.doctor.on_backward(self._loop, loss)

@@ -40,8 +40,7 @@ from torch import nn
 from typing_extensions import override
 
 from ampkit._util.modhooks import own_hook
-from ampkit.engine import Engine
-from ampkit.hooks import EngineHook, StepResult, overrides
+from ampkit.hooks import EngineHook, HookedEngine, StepResult, overrides
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, Monitor, default_alarms
 from ampkit.telemetry.delivery import act, deliver, guarded
 from ampkit.telemetry.exitflush import close_at_exit
@@ -174,8 +173,12 @@ class Telemetry(EngineHook):
 
     # -- binding -------------------------------------------------------------------------------
     @override
-    def on_attach(self, engine: Engine) -> None:
+    def on_attach(self, engine: HookedEngine) -> None:
         """Bind to ``engine`` and allocate the device buffers (one Telemetry per engine)."""
+        if not isinstance(engine, StepSource):
+            raise TypeError(f"Telemetry records an ampkit engine's steps (a StepSource: device, scaler, models, "
+                            f"optimizer_steps, clip_grad_norm, emit); {type(engine).__name__} is not one; for a "
+                            "loop ampkit does not drive use ampkit.telemetry.observe(...)")
         self.bind(engine)
 
     def bind(self, source: StepSource) -> None:
@@ -224,21 +227,21 @@ class Telemetry(EngineHook):
 
     # -- engine hooks: thin calls of the recording API below -------------------------------------------
     @override
-    def on_prepare(self, engine: Engine, model: nn.Module) -> None:
+    def on_prepare(self, engine: HookedEngine, model: nn.Module) -> None:
         if not self._closed:
             self._watch_new_models()
 
     @override
-    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+    def on_backward(self, engine: HookedEngine, loss: torch.Tensor) -> None:
         self.record_loss(loss)
 
     @override
-    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def after_unscale(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         # Counted before clipping: on a skipped step clip_grad_norm_ multiplies every gradient by a
         # NaN coefficient, which would make every element look non-finite.
         self.count_grads(optimizers, settled=self._settled(engine))
 
-    def _settled(self, engine: Engine) -> bool:
+    def _settled(self, engine: HookedEngine) -> bool:
         """Whether no other hook of ``engine`` can change a gradient between this hook's ``after_unscale``
         and its ``before_optimizer_step``: none after it has an ``after_unscale``, none a found_inf reduction
         or wait, none before it a ``before_optimizer_step``.  Decided once per hook list (a tuple compare)."""
@@ -253,12 +256,12 @@ class Telemetry(EngineHook):
         return self._hooks_settled
 
     @override
-    def before_optimizer_step(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer],
+    def before_optimizer_step(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer],
                               found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
         self.begin_step(optimizers, found_inf, grad_norm)
 
     @override
-    def after_step(self, engine: Engine, result: StepResult,
+    def after_step(self, engine: HookedEngine, result: StepResult,
                    optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.end_step(result.scale, engine.scale)
 

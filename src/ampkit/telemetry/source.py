@@ -10,7 +10,7 @@ of alarm rules serve both.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from ampkit.hooks import HookEvent
 __all__ = ["StepSource"]
 
 
+@runtime_checkable
 class StepSource(Protocol):
     """The driver of the optimizer steps a ``Telemetry`` records."""
 

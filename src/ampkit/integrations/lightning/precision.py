@@ -37,8 +37,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 from typing_extensions import override
 
-from ampkit.engine import Engine
-from ampkit.hooks import EngineHook, StepResult
+from ampkit.hooks import EngineHook, HookedEngine, StepResult
 from ampkit.mixed_precision import MixedPrecision
 from ampkit.policy import KeepFp32Rule
 from ampkit.scaler import LossScaler
@@ -217,7 +216,7 @@ class _LightningOrder(EngineHook):
         self.plugin = plugin
 
     @override
-    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def after_unscale(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.plugin._after_unscale()
 
 

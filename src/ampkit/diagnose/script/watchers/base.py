@@ -18,7 +18,7 @@ import torch
 from ampkit._util.autograd import note_backward_roots
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.capture import Capture
+    from ampkit.diagnose.script.capture import Capture
     from ampkit.diagnose.script.patches import PatchSet
     from ampkit.diagnose.script.state import WatchState
 

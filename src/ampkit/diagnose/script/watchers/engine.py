@@ -23,7 +23,7 @@ from ampkit.diagnose.script.services.scalers import ScalerInfo, ScalerRegistry
 from ampkit.diagnose.script.state import WatchState
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.engine import Engine
-from ampkit.hooks import EngineHook, StepResult
+from ampkit.hooks import EngineHook, HookedEngine, StepResult
 
 __all__ = ["DoctorEngineHook", "EngineWatch"]
 
@@ -39,25 +39,25 @@ class DoctorEngineHook(EngineHook):
         self.info = info
 
     @override
-    def on_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+    def on_backward(self, engine: HookedEngine, loss: torch.Tensor) -> None:
         if not self._state.paused:
             self.info.used += 1
             self.info.backward_scaled = True  # the gradients now hold loss × scale, until after_unscale
 
     @override
-    def after_unscale(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def after_unscale(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.info.backward_scaled = False
         self.info.unscaled_since_update = True
 
     @override
-    def before_optimizer_step(self, engine: Engine, optimizers: Sequence[torch.optim.Optimizer],
+    def before_optimizer_step(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer],
                               found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
         # The engine's optimizer.step() calls are guarded: not direct steps, and they end no
         # iteration (a skipped non-fused step makes none at all); after_step ends it instead.
         self.scalers.in_step += 1
 
     @override
-    def after_step(self, engine: Engine, result: StepResult, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def after_step(self, engine: HookedEngine, result: StepResult, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.scalers.in_step -= 1
         self.info.unscaled_since_update = False
         if self._state.paused or result.found_inf is None or not optimizers:

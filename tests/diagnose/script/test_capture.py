@@ -1,11 +1,11 @@
-"""``diagnose.capture.Capture``: a record of one forward, compared by identity."""
+"""``script.capture.Capture``: a record of one forward, compared by identity."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ampkit.diagnose.capture import Capture
+from ampkit.diagnose.script.capture import Capture
 
 
 def _capture(model: nn.Module, x: torch.Tensor) -> Capture:
