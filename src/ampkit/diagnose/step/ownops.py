@@ -15,9 +15,9 @@ Cost: one forward trial, only when a child and an ancestor of it both fixed the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -27,10 +27,16 @@ from ampkit.policy import is_kept, keep_fp32, release_fp32
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.step.bisect import Trial
     from ampkit.diagnose.step.session import Session
 
 __all__ = ["own_arithmetic_culprit", "own_ops_in_fp32"]
+
+
+class _Trial(Protocol):
+    """What the culprit rule reads and writes of a bisection trial (``step.bisect.Trial``)."""
+
+    keep: list[str]
+    fixed: bool
 
 
 def _upcast(x: Any) -> Any:
@@ -77,8 +83,8 @@ def own_ops_in_fp32(model: nn.Module, name: str, device_type: str, dtype: torch.
             release_fp32(parent)
 
 
-def own_arithmetic_culprit(effects: dict[str, Trial], culprit: str | None, session: Session,
-                           trial: Callable[[], Trial]) -> str | None:
+def own_arithmetic_culprit(effects: Mapping[str, _Trial], culprit: str | None, session: Session,
+                           trial: Callable[[], _Trial]) -> str | None:
     """The effect scan's culprit, or its nearest ancestor that also fixed the step alone when that
     ancestor's own ops in fp32 (``own_ops_in_fp32``, run by ``trial``, a trial keeping nothing else)
     fix it too: the child then fixed it only by dragging the ancestor's ops into fp32."""
