@@ -35,12 +35,17 @@ def _inductor_cache_per_isa() -> None:
 _inductor_cache_per_isa()
 NUMERICS: dict[str, tuple[str, ...] | None] = {
     # The doctor's failure corpus and the doctors' verdicts: overflow, NaN birth, SQNR, culprits.
-    "diagnose/test_doctor_cases.py": None,
+    "diagnose/test_doctor_cases.py": (
+        "test_doctor_cases_script_reports_expected_codes_and_culprit",
+        "test_doctor_cases_fixed_variant_has_no_error_and_none_of_the_codes",
+        "test_doctor_cases_results_match_stored_expectations",
+    ),
     "diagnose/test_task.py": None,
     "diagnose/test_replay.py": None,
     "diagnose/core/test_perf.py": None,
     "diagnose/core/test_stats.py": None,
     "diagnose/live/test_doctor.py": None,
+    "diagnose/report/test_agreement.py": None,
     "diagnose/step/test_api.py": None,
     "diagnose/step/test_backward.py": None,
     "diagnose/step/test_bisect.py": None,
@@ -77,7 +82,13 @@ NUMERICS: dict[str, tuple[str, ...] | None] = {
         "test_doctor_script_scale_collapse_from_a_derivative_singularity_names_it",
     ),
     "cli/test_doctor.py": ("test_doctor_compare_compiled_reports_only_the_module_that_differs",),
-    "integrations/test_doctor_frameworks.py": None,
+    "integrations/test_doctor_frameworks.py": (
+        "test_doctor_frameworks_script_reports_the_plain_loop_code_and_culprit",
+        "test_doctor_frameworks_fixed_variant_has_no_error",
+        "test_doctor_frameworks_trainer_bf16_json_holds_precision_and_fp32_comparison",
+        "test_doctor_frameworks_fp16_autocast_inside_forward_replays_in_fp16",
+        "test_doctor_frameworks_ampkit_precision_skipped_steps_are_the_engines",
+    ),
     # Telemetry's values: counts, norms, scale and skips, fp8 operand statistics.
     "telemetry/test_alarms.py": None,
     "telemetry/test_core.py": None,
@@ -145,10 +156,24 @@ def _numerics_entry(path: Path) -> tuple[str, tuple[str, ...] | None] | None:
     return (rel, NUMERICS[rel]) if rel in NUMERICS else None
 
 
+def _xdist_group(item: pytest.Item) -> str:
+    """The worker group of a test under ``pytest -n``: a corpus case's tests share one worker (they
+    read one doctor run, cached per process), the tests of any other module share one too (its module
+    and session fixtures run once, and its tests keep their order)."""
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get("case") if callspec is not None else None
+    if isinstance(case, dict) and "name" in case:
+        return f"case-{case['name']}"
+    return item.nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     missing = [rel for rel in NUMERICS if not (TESTS / rel).is_file()]
     checked: set[str] = set()
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
+        if grouped:
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
         entry = _numerics_entry(Path(str(item.fspath)).resolve())
         if entry is None:
             continue
