@@ -17,8 +17,9 @@ from torch.nn import functional as F
 from typing_extensions import override
 
 import ampkit
+from ampkit._util.overrides import overrides
 from ampkit.engine import Engine
-from ampkit.hooks import EngineHook, HookEvent, StepResult, overrides
+from ampkit.hooks import EngineHook, HookEvent, StepResult
 from tests.helpers.models import TinyNet, make_batches
 
 PROTOCOL = [name for name, _ in inspect.getmembers(EngineHook, inspect.isfunction) if not name.startswith("_")]
@@ -192,7 +193,7 @@ def test_hooks_reducer_decision_makes_the_step_skip_and_leaves_params_unchanged(
     before = copy.deepcopy(model.state_dict())
     reducer = ForceSkip()
     mp = Engine("bf16", device="cpu", hooks=[reducer])
-    assert mp.reduces_found_inf and overrides(reducer, "reduce_found_inf")
+    assert mp.reduces_found_inf and overrides(reducer, EngineHook, "reduce_found_inf")
     mp.prepare(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
     result = _train_step(mp, model, opt, seed)

@@ -16,7 +16,7 @@ from torch import nn
 
 from ampkit.precision import Precision
 
-__all__ = ["EngineHook", "HookEvent", "HookedEngine", "StepResult", "overrides"]
+__all__ = ["EngineHook", "HookEvent", "HookedEngine", "StepResult"]
 
 
 @dataclass(frozen=True)
@@ -167,15 +167,3 @@ class EngineHook:
 
     def close(self) -> None:
         """Release what the hook holds (flush files, remove module hooks); called by ``engine.close()``."""
-
-
-def overrides(hook: EngineHook, method: str) -> bool:
-    """True when ``hook``'s class replaces ``EngineHook``'s own ``method`` (decided per class).
-
-    >>> class Reducer(EngineHook):
-    ...     def reduce_found_inf(self, engine, found_inf):
-    ...         return found_inf
-    >>> overrides(Reducer(), "reduce_found_inf"), overrides(Reducer(), "on_event")
-    (True, False)
-    """
-    return getattr(type(hook), method) is not getattr(EngineHook, method)

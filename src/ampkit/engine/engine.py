@@ -30,6 +30,7 @@ from torch import nn
 
 from ampkit import hooks as _hooks
 from ampkit._util.nested import flatten_tensors
+from ampkit._util.overrides import overrides
 from ampkit.engine import _boundary
 from ampkit.engine._guards import (
     check_backward_loss,
@@ -173,7 +174,7 @@ class Engine:
 
     def _find_reducers(self) -> None:
         # Decided on attach, not per step: the hot path only iterates this list.
-        self._reducers = [h for h in self._hooks if _hooks.overrides(h, "reduce_found_inf")]
+        self._reducers = [h for h in self._hooks if overrides(h, _hooks.EngineHook, "reduce_found_inf")]
 
     def emit(self, event: _hooks.HookEvent) -> bool:
         """Deliver ``event`` to every hook's ``on_event``; True when one of them acted on it."""

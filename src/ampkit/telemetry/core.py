@@ -40,7 +40,8 @@ from torch import nn
 from typing_extensions import override
 
 from ampkit._util.modhooks import own_hook
-from ampkit.hooks import EngineHook, HookedEngine, StepResult, overrides
+from ampkit._util.overrides import overrides
+from ampkit.hooks import EngineHook, HookedEngine, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, Monitor, default_alarms
 from ampkit.telemetry.delivery import act, deliver, guarded
 from ampkit.telemetry.exitflush import close_at_exit
@@ -250,8 +251,9 @@ class Telemetry(EngineHook):
             mine = next((i for i, h in enumerate(hooks) if h is self), len(hooks))
             self._hooks_seen = hooks
             self._hooks_settled = not any(
-                (i > mine and overrides(h, "after_unscale")) or overrides(h, "reduce_found_inf")
-                or overrides(h, "wait_found_inf") or (i < mine and overrides(h, "before_optimizer_step"))
+                (i > mine and overrides(h, EngineHook, "after_unscale")) or overrides(h, EngineHook, "reduce_found_inf")
+                or overrides(h, EngineHook, "wait_found_inf")
+                or (i < mine and overrides(h, EngineHook, "before_optimizer_step"))
                 for i, h in enumerate(hooks) if h is not self)
         return self._hooks_settled
 

@@ -30,6 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit._util.overrides import overrides
 from ampkit._util.threads import thread_values
 from ampkit.diagnose.script.capture import Capture
 from ampkit.diagnose.script.lossgrad import LossGrads
@@ -47,7 +48,7 @@ from ampkit.diagnose.script.services import ScalerRegistry, Services
 from ampkit.diagnose.script.state import Sampler, WatchState
 from ampkit.diagnose.script.watchers import WATCHERS, Watcher
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
-from ampkit.diagnose.script.watchers.base import dispatch_backward, overrides
+from ampkit.diagnose.script.watchers.base import dispatch_backward
 from ampkit.diagnose.script.watchers.casts import CastWatch
 from ampkit.diagnose.script.watchers.compile import CompileWatch
 from ampkit.diagnose.script.watchers.fork import ForkWatch
@@ -114,7 +115,7 @@ class Context:
         self.watchers: list[Watcher] = [cls(**self.services.arguments(cls)) for cls in WATCHERS]
         """One of each registered watcher, in ``WATCHERS`` order."""
         self._by_class: dict[type[Watcher], Watcher] = {type(w): w for w in self.watchers}
-        self._forward_watchers = [w for w in self.watchers if overrides(w, "on_root_forward")]
+        self._forward_watchers = [w for w in self.watchers if overrides(w, Watcher, "on_root_forward")]
         """The watchers called on every forward (the others' no-op would cost a call each)."""
         self.forwards = _Forwards()
         self.skips: dict[int, str] = {}

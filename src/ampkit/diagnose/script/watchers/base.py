@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit._util.autograd import note_backward_roots
+from ampkit._util.overrides import overrides
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.capture import Capture
     from ampkit.diagnose.script.patches import PatchSet
     from ampkit.diagnose.script.state import WatchState
 
-__all__ = ["Watcher", "dispatch_backward", "overrides"]
+__all__ = ["Watcher", "dispatch_backward"]
 
 
 class Watcher:
@@ -64,8 +65,8 @@ def dispatch_backward(watchers: list[Watcher], state: WatchState, patches: Patch
     One wrapper for all of them: each watcher wrapping it itself would nest one Python frame per
     watcher in every backward and leave their relative order to the install order.  A watcher is
     called only for the events it overrides (the base class's no-op would cost a frame a backward)."""
-    before = [w.before_backward for w in watchers if overrides(w, "before_backward")]
-    after = [w.after_backward for w in watchers if overrides(w, "after_backward")]
+    before = [w.before_backward for w in watchers if overrides(w, Watcher, "before_backward")]
+    after = [w.after_backward for w in watchers if overrides(w, Watcher, "after_backward")]
     if not before and not after:
         return
 
@@ -89,14 +90,3 @@ def dispatch_backward(watchers: list[Watcher], state: WatchState, patches: Patch
         return backward
 
     patches.wrap(torch.autograd, "backward", wrap)
-
-
-def overrides(watcher: Watcher, method: str) -> bool:
-    """True when ``watcher``'s class replaces ``Watcher``'s own ``method``.
-
-    >>> class Counter(Watcher):
-    ...     def finish(self): pass
-    >>> overrides(Counter(), "finish"), overrides(Counter(), "install")
-    (True, False)
-    """
-    return getattr(type(watcher), method) is not getattr(Watcher, method)
