@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from ampkit._util.dtypes import dtype_name
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = [
     "check_amp_step",
@@ -47,7 +48,7 @@ def check_param(p: torch.Tensor, *, where: str, device: torch.device, scaled: bo
             f"with model.to({str(device)!r}) before building the optimizer, or build "
             f"MixedPrecision(..., device={p.device.type!r})"
         )
-    if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16) and scaled:
+    if p.requires_grad and p.dtype in LOW_PRECISION_DTYPES and scaled:
         raise TypeError(
             f"{where} is a trainable {dtype_name(p.dtype)} parameter, but fp16 loss scaling needs fp32 "
             "master weights: small updates round away in fp16 and unscaling fp16 gradients "

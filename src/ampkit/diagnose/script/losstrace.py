@@ -42,6 +42,7 @@ from ampkit._util.frames import UserFrames
 from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.script.lossgrad import LossGrads, rerun_aside
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = [
     "HIDDEN_LOSS_CODE",
@@ -281,7 +282,7 @@ def explain_nan(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[str, bool
 
 
 def _widened(x: Any) -> Any:
-    return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
+    return x.float() if isinstance(x, torch.Tensor) and x.dtype in LOW_PRECISION_DTYPES else x
 
 
 def loss_code_text(first: FirstBad, label: str, became: str, step: int, *, recorded: bool = False) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.findings import accelerate_fp16_off, mixed_precision_off
+from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
     from ampkit.diagnose.script.context import Context
@@ -72,7 +73,7 @@ def requested_flags(namespace: Mapping[str, Any]) -> dict[str, str]:
 def _flag(name: str, value: Any) -> str | None:
     words = set(name.lower().split("_"))
     if isinstance(value, torch.dtype):
-        return dtype_name(value) if value in (torch.float16, torch.bfloat16) else None
+        return dtype_name(value) if value in LOW_PRECISION_DTYPES else None
     if isinstance(value, bool):
         return "True" if value and words & _SWITCH_WORDS else None
     low = isinstance(value, str) and value.lower() in _LOW_VALUES
@@ -94,7 +95,7 @@ def trained_in(ctx: Context) -> str | None:
 def _low_dtypes(ctx: Context) -> list[str]:
     ran = {d for d, n in ctx.forwards.autocast.items() if n}
     ran |= {r.dtype for r in ctx.autocast.requests.values() if r.effective and r.entered}
-    return sorted(dtype_name(d) for d in ran if d in (torch.float16, torch.bfloat16))
+    return sorted(dtype_name(d) for d in ran if d in LOW_PRECISION_DTYPES)
 
 
 def _model_device(ctx: Context) -> str:

@@ -9,14 +9,13 @@ import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-import torch
-
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.perf import fp8_gemm_speed, low_precision_speed
 from ampkit.diagnose.script.losstrace import HIDDEN_LOSS_CODE
 from ampkit.diagnose.script.mixed import report_mixed_precision_off, scaler_off_too
 from ampkit.findings import BF16_NEEDS_NO_SCALER, Finding, scale_collapse, scheduler_stepped_on_skip
 from ampkit.fp8 import fp8_layer_names
+from ampkit.precision import LOW_PRECISION_DTYPES
 from ampkit.thresholds import THRESHOLDS, Outcome, as_borderline
 
 if TYPE_CHECKING:
@@ -240,7 +239,7 @@ def _slow_low_precision(ctx: Context) -> None:
             ctx.ledger.add(finding.code, key=(str(last.device), "fp8"), message=finding.message, fix=finding.fix,
                            severity=finding.severity, evidence=finding.evidence)
     f = ctx.forwards
-    used = {d for d, n in (f.autocast + f.half_params).items() if n and d in (torch.float16, torch.bfloat16)}
+    used = {d for d, n in (f.autocast + f.half_params).items() if n and d in LOW_PRECISION_DTYPES}
     for device in sorted(f.devices):
         for dtype in sorted(used, key=str):
             finding = slow_low_precision(dtype_name(dtype), device)
