@@ -71,10 +71,6 @@ class AmpkitCallback(TrainerCallback):
         """Everything found so far: pre-flight, alarms, resume check, doctor."""
         return self.watcher.findings if self.watcher is not None else list(self._findings)
 
-    @property
-    def records_seen(self) -> int:
-        return self.watcher.observer.optimizer_steps if self.watcher is not None else 0
-
     @override
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._release()

@@ -61,13 +61,6 @@ class Site:
         """True when the node is inside ``stmt`` (in field ``fld`` when given)."""
         return any(f[0] is stmt and (fld is None or f[1] == fld) for f in self.frames)
 
-    def frames_below(self, stmt: ast.AST) -> tuple[Frame, ...]:
-        """The frames nested inside ``stmt`` (all frames when ``stmt`` is not among them)."""
-        for i, frame in enumerate(self.frames):
-            if frame[0] is stmt:
-                return self.frames[i + 1:]
-        return self.frames
-
 
 @dataclass(eq=False, slots=True)
 class Scope:
