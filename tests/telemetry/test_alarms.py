@@ -119,10 +119,10 @@ def test_telemetry_alarm_scale_collapse_below_critical_scale_fires_at_once() -> 
     assert "below critical_scale=65536" in info.value.event.message
 
 
-def test_telemetry_alarm_scale_collapse_min_scale_keyword_is_a_deprecated_alias_of_critical_scale() -> None:
-    with pytest.warns(DeprecationWarning, match=r"min_scale=\.\.\.\) is deprecated.*critical_scale"):
-        alarm = ScaleCollapseAlarm(min_scale=4.0)
-    assert alarm.critical_scale == 4.0
+def test_telemetry_alarm_scale_collapse_rejects_min_scale_the_scalers_floor_keyword() -> None:
+    # critical_scale is the alarm's threshold; min_scale is DynamicLossScaler's floor, another thing.
+    with pytest.raises(TypeError, match="min_scale"):
+        ScaleCollapseAlarm(min_scale=4.0)  # type: ignore[call-arg]
 
 
 def _nan_steps(mp: ampkit.MixedPrecision, model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:

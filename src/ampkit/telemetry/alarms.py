@@ -45,9 +45,8 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from collections import deque
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -96,19 +95,12 @@ class ScaleCollapseAlarm(Alarm):
     """A backoff below this scale is a collapse at once (a scale < 1 shrinks the gradients)."""
     floor_steps: int = 50
     """Steps in a row at the scaler's floor (``DynamicLossScaler(min_scale=...)``) that count as a collapse."""
-    min_scale: InitVar[float | None] = None
-    """Deprecated alias of ``critical_scale`` (the scaler's ``min_scale`` is its floor, another thing)."""
 
     name = "SCALE_COLLAPSE"
 
-    def __post_init__(self, min_scale: float | None) -> None:
+    def __post_init__(self) -> None:
         super().__post_init__()
         cls = type(self).__name__
-        if min_scale is not None:
-            warnings.warn(f"{cls}(min_scale=...) is deprecated and will be removed in the next version; use "
-                          "critical_scale=... (DynamicLossScaler's min_scale is the scale's floor, not this "
-                          "threshold)", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "critical_scale", min_scale)
         check_threshold(cls, "consecutive_backoffs", self.consecutive_backoffs,
                is_int(self.consecutive_backoffs, 1), "an int >= 1")
         check_threshold(cls, "critical_scale", self.critical_scale, self.critical_scale >= 0, ">= 0")
