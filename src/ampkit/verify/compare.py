@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ampkit.verify.noise import Judgement, judge, metric_band
+from ampkit.verify.record import RunRecord
 
 __all__ = ["LOSS_DISTANCE_DEFINITION", "NO_SPEEDUP", "Band", "Tolerances", "band_from_runs", "compare_runs",
            "loss_distance", "smooth"]
@@ -121,7 +122,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _training_bytes(run: dict[str, Any]) -> float | None:
+def _training_bytes(run: RunRecord) -> float | None:
     mem = run.get("memory") or {}
     value = mem.get("training_bytes")
     return float(value) if value is not None and value > 0 else None
@@ -131,7 +132,7 @@ def _fraction(count: int, total: int) -> float:
     return count / total if total else 0.0
 
 
-def _own_checks(run: dict[str, Any], steps: int, tol: Tolerances, reasons: list[str]) -> dict[str, Any]:
+def _own_checks(run: RunRecord, steps: int, tol: Tolerances, reasons: list[str]) -> dict[str, Any]:
     if run.get("status") != "ok":
         reasons.append(f"run {run.get('status', 'failed')}: {run.get('error') or 'no result'}")
     n = len(run.get("loss") or []) or steps
@@ -166,14 +167,16 @@ class Band:
         return judge(d, tol, band=band, k=self.k, resolved_steps=resolved_steps, what=what, band_missing=missing)
 
 
-def band_from_runs(base: dict[str, Any], noise: dict[str, Any] | None, *, metrics: dict[str, str], steps: int,
+def band_from_runs(base: RunRecord, noise: RunRecord | None, *, metrics: dict[str, str], steps: int,
                    warmup: int, tol: Tolerances, k: float) -> Band:
     """The fp32 noise band: the noise run's shadow losses and final metrics against the baseline's."""
     if base.get("status") != "ok":
         return Band(None, {}, k, missing="the fp32 baseline did not complete")
-    if noise is None or noise.get("status") != "ok":
-        error = (noise or {}).get("error") or "no result"
-        return Band(None, {}, k, missing=f"the fp32 noise run {(noise or {}).get('status', 'failed')}: {error}")
+    if noise is None:
+        return Band(None, {}, k, missing="the fp32 noise run failed: no result")
+    if noise.get("status") != "ok":
+        error = noise.get("error") or "no result"
+        return Band(None, {}, k, missing=f"the fp32 noise run {noise.get('status', 'failed')}: {error}")
     window = tol.window(steps)
     dist = loss_distance(noise.get("shadow_loss") or [], base["loss"], warmup=warmup, window=window)
     widths = {name: metric_band((noise.get("eval") or {}).get(name), (base.get("eval") or {}).get(name))
@@ -181,7 +184,7 @@ def band_from_runs(base: dict[str, Any], noise: dict[str, Any] | None, *, metric
     return Band(dist if math.isfinite(dist) else None, widths, k)
 
 
-def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: int, warmup: int,
+def compare_runs(runs: list[RunRecord], *, metrics: dict[str, str], steps: int, warmup: int,
                  tol: Tolerances, environment: dict[str, Any] | None = None,
                  band: Band | None = None) -> list[dict[str, Any]]:
     """One comparison entry per run (fp32 first, as the baseline) with verdict and reasons.
@@ -222,7 +225,7 @@ def compare_runs(runs: list[dict[str, Any]], *, metrics: dict[str, str], steps: 
     return entries
 
 
-def _against(run: dict[str, Any], base: dict[str, Any], metrics: dict[str, str], warmup: int, window: int,
+def _against(run: RunRecord, base: RunRecord, metrics: dict[str, str], warmup: int, window: int,
              tol: Tolerances, reasons: list[str], notes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out["init_match"] = run.get("init_sha256") == base.get("init_sha256")
@@ -279,7 +282,7 @@ def _summary(entry: dict[str, Any], baseline: bool, speed_reasons: list[str]) ->
     return f"{numerics}; {speed}" + ("; below the required speed-up" if speed_reasons else "")
 
 
-def _hardware(run: dict[str, Any], env: dict[str, Any], speedup: float | None) -> dict[str, Any] | None:
+def _hardware(run: RunRecord, env: dict[str, Any], speedup: float | None) -> dict[str, Any] | None:
     """The ``ampkit env`` facts behind a missing speed-up: no fast path on the CPU, or a measured slowdown.
 
     None when the precision has a fast path and ran faster than fp32 (nothing to explain).
@@ -320,7 +323,7 @@ def _hardware(run: dict[str, Any], env: dict[str, Any], speedup: float | None) -
     return {"fast_path": fast, "slower": slow, "facts": facts, "note": note}
 
 
-def _band_checks(entry: dict[str, Any], run: dict[str, Any], warmup: int, tol: Tolerances, band: Band | None,
+def _band_checks(entry: dict[str, Any], run: RunRecord, warmup: int, tol: Tolerances, band: Band | None,
                  reasons: list[str], unsure: list[str]) -> list[dict[str, Any]]:
     """The loss distance and every metric, each judged against its tolerance (and the band, if any).
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import signal
 import tempfile
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -40,12 +39,14 @@ import torch
 from ampkit._util.procs import sigterm_unwinds
 from ampkit._util.signals import DEFERRED_SIGNALS
 from ampkit._util.version import __version__
-from ampkit.precision import Precision, PrecisionError, resolve_device
+from ampkit.precision import Precision, PrecisionError, PrecisionName, resolve_device
 from ampkit.tasks import Task, load_task, split_task_ref
-from ampkit.verify.compare import LOSS_DISTANCE_DEFINITION, Tolerances, band_from_runs, compare_runs
+from ampkit.verify.compare import LOSS_DISTANCE_DEFINITION, band_from_runs, compare_runs
 from ampkit.verify.noise import BAND_DEFINITION, MIN_RESOLVED_STEPS, NOISE_K, noise_data_seed
+from ampkit.verify.plan import Plan, VerifyConfig, VerifyError
+from ampkit.verify.record import RunRecord
 from ampkit.verify.runner import NOISE_PART, ProgressCallback, run_precision, tagged
-from ampkit.verify.shape import VerifyError, resized, run_shape
+from ampkit.verify.shape import resized, run_shape
 
 __all__ = ["SCHEMA", "Plan", "VerifyConfig", "VerifyError", "default_precisions", "plan", "run_verify"]
 
@@ -56,69 +57,7 @@ _STOP_SIGNALS = tuple(sig for sig in DEFERRED_SIGNALS if sig != signal.SIGINT)
 unwinds, as KeyboardInterrupt)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class VerifyConfig:
-    """What ``ampkit verify`` was asked to do; ``None`` fields take the task's defaults."""
-
-    task: str = "tinygpt"
-    """Built-in name, ``path/to/file.py[:attr]`` or ``package.module:attr``."""
-    precisions: tuple[str, ...] | None = None
-    """Precisions to run; fp32 is always added as the baseline.  None: ``default_precisions``."""
-    device: str = "auto"
-    """Device for every run (``auto``: cuda, xpu, mps, then cpu)."""
-    steps: int | None = None
-    """Optimizer steps per run."""
-    warmup: int | None = None
-    """Steps excluded from throughput (and from the loss-curve distance)."""
-    eval_every: int | None = None
-    """Evaluate every N steps (and always at the end)."""
-    seed: int = 0
-    """Seed for the initial weights and the data order, shared by every run."""
-    tolerances: Tolerances = field(default_factory=Tolerances)
-    """Pass/fail thresholds."""
-    measure_env: bool = True
-    """Measure matmul throughput per dtype for the environment record (about a second per device)."""
-    nproc: int | None = None
-    """Ranks per precision under torchrun with DDP (the task's batch split over them); None: one plain process."""
-    scaling_baseline: bool = True
-    """With ``nproc`` > 1, also run each precision on 1 rank for the scaling efficiency."""
-    time_budget: float | None = None
-    """Seconds for the probe and the runs together (``--time-budget``): fewer steps, equal for all, and a smaller
-    task where it offers a size ladder (``ampkit.verify.sizes``); None: no limit."""
-    noise_band: bool = True
-    """Measure the fp32 noise band with a second fp32 run (``ampkit.verify.noise``); False: single-run verdicts."""
-    noise_k: float = NOISE_K
-    """A difference must exceed k noise bands to fail, and k bands must fit the tolerance to pass."""
-    size: str | None = None
-    """A rung of the task's size ladder (``--size``); None: the task as loaded (``--time-budget`` may pick one)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    """A resolved, validated configuration."""
-
-    task: Task
-    task_ref: str
-    device: torch.device
-    precisions: tuple[str, ...]
-    steps: int
-    warmup: int
-    eval_every: int
-    seed: int
-    notes: tuple[str, ...] = ()
-    nproc: int | None = None
-    scaling_baseline: bool = True
-    noise_band: bool = True
-    size: str | None = None
-    """The task size the runs use (``ampkit.verify.sizes``), None: the task as loaded."""
-
-    @property
-    def parts(self) -> int:
-        """Runs per precision: 2 when a 1-rank baseline is run for the scaling efficiency."""
-        return 2 if self.nproc is not None and self.nproc > 1 and self.scaling_baseline else 1
-
-
-def default_precisions(device: torch.device) -> tuple[str, ...]:
+def default_precisions(device: torch.device) -> tuple[PrecisionName, ...]:
     """fp32, bf16 and fp16 on accelerators, plus fp8 where it has fp8 GEMMs and torchao is installed;
     fp32 and bf16 on CPU (fp16 has no fast CPU path; fp8 runs there only when asked).
 
@@ -129,8 +68,10 @@ def default_precisions(device: torch.device) -> tuple[str, ...]:
 
     if device.type == "cpu":
         return ("fp32", "bf16")
-    candidates = ("fp32", "bf16", "fp16") + (("fp8",) if has_fp8_gemm(device) and torchao_installed() else ())
-    usable = []
+    candidates: tuple[PrecisionName, ...] = ("fp32", "bf16", "fp16")
+    if has_fp8_gemm(device) and torchao_installed():
+        candidates += ("fp8",)
+    usable: list[PrecisionName] = []
     for name in candidates:
         try:
             Precision.parse(name, device)
@@ -162,7 +103,7 @@ def plan(config: VerifyConfig) -> Plan:
     _check_nproc(config.nproc, device, task)
     steps, warmup, eval_every = run_shape(config, task)
     requested = config.precisions if config.precisions is not None else default_precisions(device)
-    names: list[str] = []
+    names: list[PrecisionName] = []
     for spec in requested:
         try:
             name = Precision.parse(spec, device).name
@@ -177,7 +118,7 @@ def plan(config: VerifyConfig) -> Plan:
                      "installed; `pip install 'ampkit[fp8]'` and add --precisions fp32,bf16,fp8")
     if "fp32" not in names:
         notes.append("fp32 added as the baseline every precision is compared with")
-    names = ["fp32"] + [n for n in names if n != "fp32"]
+    names = ["fp32", *(n for n in names if n != "fp32")]
     unknown = sorted(set(config.tolerances.metric_overrides) - set(task.metrics))
     if unknown:
         raise VerifyError(f"--tol-metric names {', '.join(map(repr, unknown))}, which task {task.name!r} does not "
@@ -300,10 +241,11 @@ def run_verify(config: VerifyConfig, *, on_progress: ProgressCallback | None = N
     }
 
 
-def _run_all(p: Plan, workdir: Path, on_progress: ProgressCallback | None) -> tuple[list[dict[str, Any]],
-                                                                                   dict[str, Any] | None]:
+def _run_all(p: Plan, workdir: Path, on_progress: ProgressCallback | None) -> tuple[list[RunRecord],
+                                                                                   RunRecord | None]:
     """Every precision's run in order, and the fp32 noise run right after the baseline (or None)."""
-    runs, noise_run = [], None
+    runs: list[RunRecord] = []
+    noise_run: RunRecord | None = None
     for precision in p.precisions:
         run = run_precision(p, precision, workdir, on_progress, nproc=p.nproc)
         if p.parts == 2:

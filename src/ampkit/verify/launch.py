@@ -30,6 +30,7 @@ from ampkit._util.procs import live_pids, signal_groups, sigterm_unwinds
 
 if TYPE_CHECKING:
     from ampkit.distributed import TorchrunResult
+    from ampkit.verify.record import RunRecord
 
 __all__ = ["LAUNCH_TIMEOUT_S", "run_torchrun", "scaling"]
 
@@ -135,7 +136,7 @@ def _forward_progress(path: Path, offset: int, on_event: Callable[[dict[str, Any
     return offset + end
 
 
-def scaling(run: dict[str, Any], baseline: dict[str, Any], nproc: int) -> dict[str, Any]:
+def scaling(run: RunRecord, baseline: RunRecord, nproc: int) -> dict[str, Any]:
     """The scaling record of an N-rank run against the 1-rank run of the same precision.
 
     >>> s = scaling({"throughput": {"steps_per_s": 3.0}}, {"status": "ok", "throughput": {"steps_per_s": 2.0}}, 2)

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ampkit.precision import PrecisionName
 from ampkit.verify.budget import (
     BUDGET_SAFETY,
     MIN_STEPS,
@@ -33,12 +34,12 @@ from ampkit.verify.budget import (
     fit_steps,
     format_duration,
 )
+from ampkit.verify.plan import Plan, VerifyConfig
 from ampkit.verify.runner import ProgressCallback, run_precision
 from ampkit.verify.shape import at_size
 
 if TYPE_CHECKING:
     from ampkit.tasks import TaskSize
-    from ampkit.verify.harness import Plan, VerifyConfig
 
 __all__ = ["EXTRAPOLATION_MARGIN", "NOISE_RUN", "NOISE_STEP_FACTOR", "budgeted", "scaled"]
 
@@ -88,7 +89,7 @@ def _probe(probe_plan: Plan, workdir: Path, on_progress: ProgressCallback | None
     n = min(PROBE_STEPS, probe_plan.steps)
     probe = replace(probe_plan, steps=n, warmup=min(1, n - 1), eval_every=n)
 
-    def forward(precision: str, event: dict[str, Any]) -> None:
+    def forward(precision: PrecisionName, event: dict[str, Any]) -> None:
         lines.setdefault(precision, Timeline()).feed(event, time.perf_counter())
         if on_progress is not None:
             on_progress(precision, {**event, "probe": True})

@@ -17,24 +17,24 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ampkit._util.procs import die_with_caller
 from ampkit._util.version import PACKAGE_DIR
+from ampkit.precision import PrecisionName
 from ampkit.verify.noise import noise_data_seed
+from ampkit.verify.plan import Plan
+from ampkit.verify.record import RunRecord, run_record
 from ampkit.verify.worker import PROGRESS_PREFIX
-
-if TYPE_CHECKING:
-    from ampkit.verify.harness import Plan
 
 __all__ = ["LOG_TAIL_LINES", "NOISE_PART", "ProgressCallback", "run_precision", "tagged"]
 
 LOG_TAIL_LINES = 40
 
 
-ProgressCallback = Callable[[str, dict[str, Any]], None]
+ProgressCallback = Callable[[PrecisionName, dict[str, Any]], None]
 """Called with (precision, event) for each progress line a worker prints."""
 
 
@@ -66,8 +66,8 @@ NOISE_PART = "noise"
 """The ``part`` of the noise run's progress events (``ampkit.verify.noise``)."""
 
 
-def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressCallback | None = None, *,
-                  nproc: int | None = None, part: int | str = 0) -> dict[str, Any]:
+def run_precision(p: Plan, precision: PrecisionName, workdir: Path, on_progress: ProgressCallback | None = None,
+                  *, nproc: int | None = None, part: int | str = 0) -> RunRecord:
     """Run one precision in a fresh ``python -m ampkit.verify.worker`` process and return its run record.
 
     With ``nproc`` the worker runs on that many ranks under torchrun (``ampkit.verify.launch``).
@@ -90,7 +90,7 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
             if on_progress is not None:
                 on_progress(precision, tagged(event, part))
 
-        return _complete(run_torchrun(spec, nproc, workdir, tag, _worker_env(p.device), forward, PROGRESS_PREFIX))
+        return run_record(run_torchrun(spec, nproc, workdir, tag, _worker_env(p.device), forward, PROGRESS_PREFIX))
     spec_path.write_text(json.dumps(spec))
     stdout_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     with open(workdir / f"{tag}.stderr", "wb") as stderr:
@@ -125,21 +125,9 @@ def run_precision(p: Plan, precision: str, workdir: Path, on_progress: ProgressC
         result = {"precision": precision, "device": str(p.device), "status": "failed", "error": _describe_exit(code)}
     if result.get("status") != "ok":
         result["log_tail"] = log_tail
-    return _complete(result)
+    return run_record(result)
 
 
 def tagged(event: dict[str, Any], part: int | str) -> dict[str, Any]:
     """A progress event of the 1-rank scaling baseline carries ``part: 1``; the main run's carry none."""
     return {**event, "part": part} if part else event
-
-
-def _complete(run: dict[str, Any]) -> dict[str, Any]:
-    """Give a failed run every key the schema requires, with empty values."""
-    defaults: dict[str, Any] = {
-        "loss": [], "steps": [], "eval": {}, "eval_history": [], "skipped_steps": 0, "nonfinite_steps": 0,
-        "throughput": {}, "peak_memory_bytes": None, "memory": None, "wall_s": None, "init_sha256": None,
-        "data_sha256": None, "error": None, "log_tail": None, "world_size": 1,
-    }
-    for key, value in defaults.items():
-        run.setdefault(key, value)
-    return run

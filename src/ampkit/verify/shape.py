@@ -9,18 +9,11 @@ by ``ampkit.verify.probe`` to try each rung under ``--time-budget``.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ampkit.tasks import Task
+from ampkit.verify.plan import Plan, VerifyConfig, VerifyError
 
-if TYPE_CHECKING:
-    from ampkit.verify.harness import Plan, VerifyConfig
-
-__all__ = ["VerifyError", "at_size", "resized", "run_shape"]
-
-
-class VerifyError(ValueError):
-    """A verify configuration that cannot run; the message says what to change."""
+__all__ = ["at_size", "resized", "run_shape"]
 
 
 def run_shape(config: VerifyConfig, task: Task) -> tuple[int, int, int]:
