@@ -209,5 +209,5 @@ def _run_task(args: argparse.Namespace) -> int:
     render_terminal(result.findings, file=sys.stdout)
     from ampkit.diagnose.report.json import doctor_document
 
-    _write_outputs(args, doctor_document(result, result.environment or {}), result, None)
+    _write_outputs(args, doctor_document(result), result, None)
     return 1 if result.has_errors else 0

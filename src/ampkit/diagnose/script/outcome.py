@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampkit.diagnose.core.display import sort_findings
+from ampkit.diagnose.report.json import doctor_document
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS
 from ampkit.diagnose.script.where import where_sentence
-from ampkit.diagnose.step.result import SCHEMA, DiagnosisResult
+from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.findings import Finding
 
 __all__ = ["ScriptReport", "merge_replayed_findings"]
@@ -84,10 +85,9 @@ class ScriptReport:
             return DiagnosisResult(findings=self.findings, environment=self.environment())
         return dataclasses.replace(first, findings=self.findings, environment=self.environment())
 
-    def to_json(self) -> dict[str, Any]:
-        doc = self.result().to_json(self.environment())
-        doc["schema"] = SCHEMA
-        doc["partial"] = self.partial
+    def sections(self) -> dict[str, Any]:
+        """The script doctor's own sections of its ``ampkit.doctor/1`` document, after the replay's."""
+        doc: dict[str, Any] = {"partial": self.partial}
         if self.mixed_precision:
             doc["mixed_precision"] = self.mixed_precision
         doc["compiled"] = self.compiled
@@ -98,6 +98,9 @@ class ScriptReport:
         if self.checkup:
             doc["checkup"] = self.checkup
         return doc
+
+    def to_json(self) -> dict[str, Any]:
+        return doctor_document(self.result(), self.environment(), **self.sections())
 
 
 def merge_replayed_findings(process: list[Finding], replayed: list[Finding]) -> list[Finding]:

@@ -1,23 +1,20 @@
-"""``DiagnosisResult``: what one op-level diagnosis found, and its ``ampkit.doctor/1`` document."""
+"""``DiagnosisResult``: what one op-level diagnosis found, and its sections of the ``ampkit.doctor/1`` document."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampkit._util.jsonfloat import NONFINITE_AS_STRING, to_json
 from ampkit.findings import Finding
 
-__all__ = ["SCHEMA", "DiagnosisResult", "Headroom"]
-
-SCHEMA = "ampkit.doctor/1"
+__all__ = ["DiagnosisResult", "Headroom"]
 
 Headroom = dict[str, dict[str, tuple[float, float]]]
 
 
 @dataclass
 class DiagnosisResult:
-    """What ``diagnose_step`` found; ``to_json()`` gives the ``ampkit.doctor/1`` document."""
+    """What ``diagnose_step`` found; ``report.json.doctor_document(result)`` is its ``ampkit.doctor/1`` document."""
 
     findings: list[Finding]
     """Sorted worst first."""
@@ -48,14 +45,10 @@ class DiagnosisResult:
     def has_errors(self) -> bool:
         return any(f.severity == "error" for f in self.findings)
 
-    def to_json(self, environment: dict[str, Any] | None = None) -> dict[str, Any]:
-        from ampkit.env import collect_environment
-
-        env = environment or self.environment or collect_environment()
-        return to_json({
-            "schema": SCHEMA,
-            "findings": [f.to_dict() for f in self.findings],
-            "environment": env,
+    def sections(self) -> dict[str, Any]:
+        """The step doctor's own sections of its ``ampkit.doctor/1`` document (``report.json.doctor_document``,
+        which adds the schema, the findings and the environment)."""
+        return {
             "precision": self.precision,
             "step": self.step,
             "keep_fp32": self.keep_fp32,
@@ -66,4 +59,4 @@ class DiagnosisResult:
             "grad_headroom": {m: {k: list(v) for k, v in d.items()} for m, d in self.grad_headroom.items()},
             "comparison": self.comparison,
             "bisection": self.bisection,
-        }, NONFINITE_AS_STRING)
+        }
