@@ -211,6 +211,20 @@ def test_scaler_load_state_dict_rejects_a_scale_that_is_not_finite_and_positive(
     assert scale_of(s) == 8.0  # nothing was loaded
 
 
+@pytest.mark.parametrize(("key", "value"), [
+    ("growth_factor", 1.0), ("growth_factor", True), ("backoff_factor", 1.5), ("growth_interval", 0),
+    ("growth_interval", True), ("hysteresis", 0), ("hysteresis", True), ("hysteresis_mode", "sometimes"),
+    ("max_scale", 0.0), ("min_scale", float("inf")), ("min_scale", 0.0),
+])
+def test_scaler_dynamic_constructor_and_state_check_reject_the_same_settings(key, value) -> None:
+    # One rule per setting serves both: a scaler that could be built but not resumed (or the reverse)
+    # would break a checkpoint round trip.
+    with pytest.raises(ValueError, match=rf"{key}={value!r} must be"):
+        DynamicLossScaler(**{key: value})
+    with pytest.raises(ValueError, match=rf"{key}={value!r} must be"):
+        DynamicLossScaler().load_state_dict({**DynamicLossScaler().state_dict(), key: value})
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("_growth_tracker", -1, "_growth_tracker=-1 must be an int >= 0"),
     ("growth_factor", 0.5, "growth_factor=0.5 must be a number > 1"),

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ampkit._scaler_rules import check_dynamic_scaler_state, check_static_scaler_state
+from ampkit._scaler_rules import (
+    DEFAULT_MIN_SCALE,
+    check_dynamic_scaler_state,
+    check_dynamic_settings,
+    check_static_scaler_state,
+)
 from ampkit._util.grads import unscale_groups
 
 if TYPE_CHECKING:
@@ -33,11 +38,6 @@ __all__ = [
 ]
 
 HysteresisMode = Literal["consecutive", "windowed"]
-
-DEFAULT_MIN_SCALE = 2.0**-149
-"""``DynamicLossScaler``'s default floor, the smallest positive fp32: it never binds while
-``torch.amp.GradScaler``'s scale is positive, so both match bit for bit until GradScaler's is 0.0."""
-
 
 def unscale_and_check_(
     grads: Iterable[torch.Tensor], inv_scale: torch.Tensor, found_inf: torch.Tensor
@@ -260,23 +260,9 @@ class DynamicLossScaler(StaticLossScaler):
             raise ValueError(f"DynamicLossScaler(init_scale={init_scale!r}): must be a finite number > 0 "
                              "(the first loss scale; torch's default is 2.0**16 = 65536.0)")
         super().__init__(init_scale)
-        if not growth_factor > 1.0:
-            raise ValueError(f"growth_factor={growth_factor!r} must be > 1.0 (torch's default is 2.0)")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"backoff_factor={backoff_factor!r} must be in (0, 1) (torch's default is 0.5)")
-        if not (isinstance(growth_interval, int) and growth_interval >= 1):
-            raise ValueError(f"growth_interval={growth_interval!r} must be an int >= 1 (default 2000)")
-        if not (isinstance(hysteresis, int) and hysteresis >= 1):
-            raise ValueError(f"hysteresis={hysteresis!r} must be an int >= 1 (1 = back off on every overflow)")
-        if hysteresis_mode not in ("consecutive", "windowed"):
-            raise ValueError(f"hysteresis_mode={hysteresis_mode!r}: use 'consecutive' or 'windowed'")
-        if max_scale is not None and not max_scale > 0:
-            raise ValueError(f"max_scale={max_scale!r} must be > 0 or None (no cap)")
-        if min_scale is not None and not (math.isfinite(min_scale) and min_scale > 0):
-            raise ValueError(f"min_scale={min_scale!r} must be a finite number > 0 (default {DEFAULT_MIN_SCALE!r}, "
-                             "the smallest positive fp32) or None (no floor)")
-        if min_scale is not None and max_scale is not None and min_scale > max_scale:
-            raise ValueError(f"min_scale={min_scale!r} is above max_scale={max_scale!r}")
+        check_dynamic_settings({"growth_factor": growth_factor, "backoff_factor": backoff_factor,
+                                "growth_interval": growth_interval, "max_scale": max_scale, "min_scale": min_scale,
+                                "hysteresis": hysteresis, "hysteresis_mode": hysteresis_mode}, "DynamicLossScaler")
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = growth_interval
