@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
@@ -13,8 +14,8 @@ from ampkit.diagnose.core.perf import EXTRA_ROUNDS, robust_samples, speed_outcom
 from ampkit.diagnose.script.rules import _collapsed
 from ampkit.diagnose.script.services.scalers import ScalerInfo
 from ampkit.diagnose.step.compare import GradComparison, precision_findings, underflow_finding
-from ampkit.findings import Finding
-from ampkit.thresholds import THRESHOLDS, Threshold, as_borderline, is_borderline
+from ampkit.findings import CODES, Finding
+from ampkit.thresholds import THRESHOLDS, RuleName, Threshold, as_borderline, is_borderline
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "findings.md"
 
@@ -170,3 +171,11 @@ def test_threshold_table_in_the_docs_matches_the_rules() -> None:
         band = f"±{rule.margin:g}" + (" × threshold" if rule.relative else "")
         row = f"| `{code}` | `{rule.metric}` | {rule.reports_when} {rule.threshold:g} | {band} |"
         assert row in text, f"docs/findings.md lacks the row {row!r}"
+
+
+def test_threshold_rule_names_are_the_table_keys_and_each_rule_decides_a_finding_code() -> None:
+    assert list(get_args(RuleName)) == list(THRESHOLDS)
+    assert {rule.code for rule in THRESHOLDS.values()} <= set(CODES)
+    # A rule name that is no finding code names a second rule of one code, never a code of its own.
+    assert {name: rule.code for name, rule in THRESHOLDS.items() if name not in CODES} == {
+        "PRECISION_LOSS_FP8": "PRECISION_LOSS"}

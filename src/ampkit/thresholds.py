@@ -37,11 +37,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from ampkit.findings import Finding
+from ampkit.findings import Code, Finding
 
-__all__ = ["THRESHOLDS", "Outcome", "Threshold", "as_borderline", "is_borderline"]
+__all__ = ["THRESHOLDS", "Outcome", "RuleName", "Threshold", "as_borderline", "is_borderline"]
 
 Outcome = Literal["reported", "borderline", "clear"]
+RuleName = Literal["PRECISION_LOSS", "GRADIENT_UNDERFLOW", "SCALE_COLLAPSE", "SLOW_LOW_PRECISION",
+                   "PRECISION_LOSS_FP8", "FP8_FLUSH", "SLOW_FP8_GEMM"]
+"""A key of ``THRESHOLDS``: the finding code a rule decides, or, where one code has two rules, the code
+and what sets the second apart (``PRECISION_LOSS_FP8``: PRECISION_LOSS of an fp8 model).  A rule name is
+never a finding code of its own; ``Threshold.code`` is the code the finding carries."""
 T = TypeVar("T")
 
 
@@ -49,8 +54,8 @@ T = TypeVar("T")
 class Threshold:
     """One thresholded rule: the metric, the threshold, the side that reports, and the borderline band."""
 
-    code: str
-    """The finding code the rule decides."""
+    code: Code
+    """The finding code the rule decides (several rules may decide one code)."""
     metric: str
     """What is measured, as named in the evidence (``sqnr_db``, ``flushed_share``, ...)."""
     threshold: float
@@ -108,7 +113,7 @@ class Threshold:
                 f"({self.metric} {self.reports_when} it is reported)")
 
 
-THRESHOLDS: dict[str, Threshold] = {
+THRESHOLDS: dict[RuleName, Threshold] = {
     "PRECISION_LOSS": Threshold(code="PRECISION_LOSS", metric="sqnr_db", threshold=20.0, reports_when="below",
                                 margin=1.5, unit="dB"),
     "GRADIENT_UNDERFLOW": Threshold(code="GRADIENT_UNDERFLOW", metric="flushed_share", threshold=0.01,
@@ -124,7 +129,7 @@ THRESHOLDS: dict[str, Threshold] = {
     "SLOW_FP8_GEMM": Threshold(code="SLOW_FP8_GEMM", metric="ratio_vs_bf16", threshold=0.9, reports_when="below",
                                margin=0.12, relative=True),
 }
-"""The rules, one per code (docs/findings.md lists the same table).
+"""The rules by name, one per code except PRECISION_LOSS's two (docs/findings.md lists the same table).
 
 Why these margins: 1.5 dB is a 19 % change in the error's RMS, more than the difference that
 kernels of another ISA make to one step's SQNR, yet small next to a real loss (the corpus's

@@ -73,7 +73,7 @@ class Ledger:
                 folded.append(consequence)
             return True
 
-    def has(self, code: str, *, acting: bool = False, key: Any = None) -> bool:
+    def has(self, code: Code, *, acting: bool = False, key: Any = None) -> bool:
         """Whether ``code`` was recorded (under ``key``, when given); with ``acting``, only as an error or a
         warning (not a borderline or other info row)."""
         with self._lock:

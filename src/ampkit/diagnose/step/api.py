@@ -61,7 +61,7 @@ from ampkit.diagnose.step.trace import TraceLog
 from ampkit.findings import Finding, loss_in_low_precision_finding
 from ampkit.fp8 import fp8_layer_names
 from ampkit.precision import Precision
-from ampkit.thresholds import THRESHOLDS, is_borderline
+from ampkit.thresholds import THRESHOLDS, RuleName, is_borderline
 
 __all__ = ["diagnose_program", "diagnose_step"]
 
@@ -125,7 +125,7 @@ class _Diagnosis:
     def __init__(self, session: Session, *, step: int | None, threshold_db: float | None, underflow_threshold: float):
         self.s = session
         self.step = step
-        rule = "PRECISION_LOSS_FP8" if session.exclusion == "fp8_filter" else "PRECISION_LOSS"
+        rule: RuleName = "PRECISION_LOSS_FP8" if session.exclusion == "fp8_filter" else "PRECISION_LOSS"
         self.threshold_db = THRESHOLDS[rule].threshold if threshold_db is None else threshold_db
         self.underflow_threshold = underflow_threshold
         self.modules = dict(session.model.named_modules())
