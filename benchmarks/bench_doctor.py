@@ -45,8 +45,13 @@ class HookClock:
 
     def __init__(self, doctor: Any) -> None:
         self.seconds = 0.0
-        for name in ("_pre_hook", "_post_hook", "on_backward", "after_step"):
+        for name in ("on_backward", "after_step"):
             setattr(doctor, name, self._timed(getattr(doctor, name)))
+        # The forward hooks: the doctor's CaptureHooks' (an earlier tree: the doctor's own methods).
+        hooks = getattr(doctor, "hooks", None)
+        for owner, name in ((hooks, "_root_pre"), (hooks, "_root_post"), (doctor, "_pre_hook"), (doctor, "_post_hook")):
+            if owner is not None and hasattr(owner, name):
+                setattr(owner, name, self._timed(getattr(owner, name)))
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:

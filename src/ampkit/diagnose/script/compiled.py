@@ -37,14 +37,13 @@ def _compare(ctx: Context) -> CompiledComparison | None:
     cap = ctx.models.last
     if cap is None:
         return None
-    grads = [g32 if g32 is not None else g for g, g32 in zip(cap.grads, cap.grads_fp32)]
     device, dtype, enabled = cap.device.type, cap.autocast_dtype, cap.autocast_enabled
     print(f"ampkit doctor: comparing torch.compile against eager on step {cap.step}, module by module "
           "(one compile per compared module)", file=sys.stderr)
     try:
         with ctx.pause(), cap.running_stats_before():
             return compare_compiled(
-                cap.root, cap.args, cap.kwargs, grads=grads, rng_cpu=cap.rng_cpu,
+                cap.root, cap.args, cap.kwargs, grads=cap.seed_grads(), rng_cpu=cap.rng_cpu,
                 autocast=lambda: torch.autocast(device, dtype=dtype, enabled=enabled),
                 dtype=cap.low_precision or torch.float32, options=ctx.compiles.module_options())
     except Exception as exc:  # the comparison must never cost the user the run's other findings
