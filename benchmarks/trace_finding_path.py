@@ -16,6 +16,8 @@ ledger holds findings as entries before it builds ``Finding`` objects); the span
   finding's own way from its creation to the document.
 * ``span``: files with any code run between the first finding and the written document (the
   training, the replays and the reporting that happen in between, finding or not).
+* ``tail``: files with any code run between the last finding's creation and the written document:
+  the assembly of the report, once every finding exists.
 
 Run against a tree: ``PYTHONPATH=/path/to/tree/src .venv/bin/python benchmarks/trace_finding_path.py``
 (``--case FILE`` picks another corpus script, ``--files`` lists the files of each count).
@@ -72,6 +74,7 @@ class Tracer:
         self.started = False
         self.done = False
         self.span: set[str] = set()
+        self.tail: set[str] = set()
         self.path: set[str] = set()
         starts = [ampkit.findings.Finding.__post_init__.__code__]
         try:
@@ -93,14 +96,18 @@ class Tracer:
         if self.done or event not in ("call", "return"):
             return
         code = frame.f_code
+        creation = event == "call" and code in self._starts
         if not self.started:
-            if event != "call" or code not in self._starts:
+            if not creation:
                 return
             self.started = True
+        if creation:
+            self.tail = set()
         rel = self._file(frame)
         if rel is None:
             return
         self.span.add(rel)
+        self.tail.add(rel)
         if event == "call":
             if any(_carries(v) for v in frame.f_locals.values()):
                 self.path.add(rel)
@@ -167,10 +174,11 @@ def main() -> None:
                 "live": lambda: run_live(Path(tmp) / "live.json")}
         for label, run in runs.items():
             tracer = traced(run)
-            print(f"{label}: path {len(tracer.path)} files, span {len(tracer.span)} files")
+            print(f"{label}: path {len(tracer.path)} files, span {len(tracer.span)} files, "
+                  f"tail {len(tracer.tail)} files")
             if args.files:
-                print("  path:", " ".join(sorted(tracer.path)))
-                print("  span:", " ".join(sorted(tracer.span)))
+                for name in ("path", "span", "tail"):
+                    print(f"  {name}:", " ".join(sorted(getattr(tracer, name))))
 
 
 if __name__ == "__main__":
