@@ -9,6 +9,7 @@ import inspect
 import pkgutil
 import warnings
 from collections.abc import Sequence
+from typing import get_args
 
 import pytest
 import torch
@@ -19,7 +20,9 @@ from typing_extensions import override
 import ampkit
 from ampkit._util.overrides import overrides
 from ampkit.engine import Engine
-from ampkit.hooks import EngineHook, HookEvent, StepResult
+from ampkit.findings import CODES
+from ampkit.hooks import EngineHook, HookEvent, ReplayReason, StepResult
+from ampkit.telemetry.alarm_base import Alarm, AlarmName
 from tests.helpers.models import TinyNet, make_batches
 
 PROTOCOL = [name for name, _ in inspect.getmembers(EngineHook, inspect.isfunction) if not name.startswith("_")]
@@ -214,3 +217,15 @@ def test_hooks_wait_found_inf_runs_after_clipping(seed: int) -> None:
     assert result.grad_norm is not None and float(result.grad_norm) > 1e-2  # the norm before clipping
     assert reducer.clipped_norms[0] <= 1e-3 * 1.01  # the gradients wait_found_inf saw were clipped
 
+
+def _alarm_classes(cls: type[Alarm]) -> list[type[Alarm]]:
+    return [cls] + [c for sub in cls.__subclasses__() for c in _alarm_classes(sub)]
+
+
+def test_hook_event_reason_names_every_alarm_a_replay_can_come_from() -> None:
+    importlib.import_module("ampkit.telemetry")  # every built-in alarm class
+    reasons = {name for part in get_args(ReplayReason) for name in get_args(part)}
+    names = {c.name for c in _alarm_classes(Alarm)}
+    assert names == set(get_args(AlarmName))
+    # AlarmEvent.reason is the alarm's finding code, else its name: both are replay reasons.
+    assert names | set(CODES) <= reasons

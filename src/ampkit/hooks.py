@@ -9,14 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
 
+from ampkit.findings import Code
 from ampkit.precision import Precision
 
-__all__ = ["EngineHook", "HookEvent", "HookedEngine", "StepResult"]
+__all__ = ["EngineHook", "HookEvent", "HookEventKind", "HookedEngine", "ReplayReason", "StepResult"]
+
+HookEventKind = Literal["replay"]
+"""What a ``HookEvent`` asks: ``replay`` (replay the last captured step; ``ReplayDoctor`` serves it)."""
+
+ReplayReason = Code | Literal["SKIP_RATE", "GRAD_NORM_SPIKE", "LOSS_NONFINITE", "ALARM", "manual", ""]
+"""Why a replay is asked: the finding code the evidence points to, else the name of the telemetry alarm
+that fired (those that name no code), ``manual`` (a user's own call), or empty (none given)."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +65,9 @@ class HookEvent:
     ``HookEvent(kind="replay", reason="SCALE_COLLAPSE", step=...)``.
     """
 
-    kind: str
-    """What is asked or announced (``"replay"``, ...); hooks ignore kinds they do not know."""
-    reason: str = ""
+    kind: HookEventKind
+    """What is asked or announced; hooks ignore kinds they do not handle."""
+    reason: ReplayReason = ""
     """Why, for logs and findings (a finding code where there is one)."""
     step: int | None = None
     """The engine's ``optimizer_steps`` when the event was emitted."""

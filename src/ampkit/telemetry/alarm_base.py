@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ampkit.findings import CODES, Code, Finding
+from ampkit.hooks import ReplayReason
 
 if TYPE_CHECKING:
     from ampkit.telemetry.source import StepSource
@@ -18,6 +19,7 @@ __all__ = [
     "Alarm",
     "AlarmAction",
     "AlarmEvent",
+    "AlarmName",
     "AlarmWarning",
     "Monitor",
     "Record",
@@ -28,6 +30,9 @@ __all__ = [
 ]
 
 AlarmAction = Literal["warn", "stop", "doctor"]
+AlarmName = Literal["SCALE_COLLAPSE", "SKIP_RATE", "GRAD_NORM_SPIKE", "LOSS_NONFINITE", "FP8_FLUSH",
+                    "SCHEDULER_STEPPED_ON_SKIP", "ALARM"]
+"""Every alarm's ``name`` (``ALARM``: the base class's); the records' ``alarms`` carry it."""
 _ACTIONS = ("warn", "stop", "doctor")
 Record = dict[str, Any]
 
@@ -40,8 +45,8 @@ class AlarmWarning(UserWarning):
 class AlarmEvent:
     """One firing of an alarm; ``to_dict()`` is what the records' ``"alarms"`` lists hold."""
 
-    alarm: str
-    """The alarm's name: ``SCALE_COLLAPSE``, ``SKIP_RATE``, ``GRAD_NORM_SPIKE``, ``LOSS_NONFINITE``."""
+    alarm: AlarmName
+    """The alarm's name (its class's ``name``)."""
     code: Code | None
     """The doctor finding code this event is evidence for (``SCALE_COLLAPSE``, ``NONFINITE_INPUT``), or None."""
     step: int
@@ -60,7 +65,7 @@ class AlarmEvent:
     """JSON-able measurements behind the event."""
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> ReplayReason:
         """What the doctor's replay is asked to explain: the finding code, else the alarm name."""
         return self.code or self.alarm
 
@@ -119,7 +124,7 @@ class Alarm:
     action: AlarmAction = "warn"
     """``"warn"``, ``"stop"`` (raise ``TrainingStopped``) or ``"doctor"`` (replay the step)."""
 
-    name = "ALARM"
+    name: ClassVar[AlarmName] = "ALARM"
 
     def __post_init__(self) -> None:
         if self.action not in _ACTIONS:
