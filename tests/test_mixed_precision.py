@@ -70,7 +70,7 @@ def test_mixed_precision_with_telemetry_and_doctor_leaves_the_model_deep_copyabl
     twin = copy.deepcopy(model)
     with mp.autocast():
         twin(torch.randn(2, 4))
-    assert mp.doctor is not None and mp.doctor._calls == []  # the copy's forward was not captured
+    assert mp.doctor is not None and mp.doctor.hooks.captures == []  # the copy's forward was not captured
     mp.close()
 
 
