@@ -28,9 +28,12 @@ import importlib.util
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ampkit.cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from ampkit.precision import PrecisionName
 
 __all__ = ["register", "run"]
 
@@ -247,7 +250,7 @@ class _Tracker:
         else:
             self.progress.console.print(text, markup=False, highlight=False)
 
-    def __call__(self, precision: str, event: dict[str, Any]) -> None:
+    def __call__(self, precision: PrecisionName, event: dict[str, Any]) -> None:
         from ampkit.verify.budget import format_duration
         from ampkit.verify.runner import NOISE_PART
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ampkit._scaler_rules import is_gradscaler_state
 from ampkit._util.statecheck import as_mapping, int_at_least, require, warn_unknown
+from ampkit.precision import PrecisionName
 
 __all__ = ["EngineState", "check_engine_state"]
 
@@ -35,7 +36,7 @@ class EngineState:
     optimizer_steps: int | None = None
 
 
-def check_engine_state(state: Any, *, precision: str, grad_accumulation: int) -> EngineState:
+def check_engine_state(state: Any, *, precision: PrecisionName, grad_accumulation: int) -> EngineState:
     """Check an ``Engine.state_dict()`` (or a ``GradScaler.state_dict()``) against an engine's settings.
 
     The scaler part is returned unchecked: the engine's scaler checks it, as only it knows its kind.

@@ -23,7 +23,7 @@ from ampkit._util.modhooks import own_hook
 from ampkit.diagnose.live import ReplayDoctor
 from ampkit.findings import Finding
 from ampkit.hooks import EngineHook, HookEvent, StepResult
-from ampkit.precision import Precision
+from ampkit.precision import Precision, PrecisionName
 from ampkit.telemetry.gradscaler import GradScalerView
 from ampkit.telemetry.observe import loss_of
 
@@ -70,7 +70,7 @@ class LoopDoctor:
             integration calls ``before_update`` itself (Lightning's ``on_before_optimizer_step``).
     """
 
-    def __init__(self, model: nn.Module, precision: str, *, grad_accumulation: int = 1,
+    def __init__(self, model: nn.Module, precision: PrecisionName, *, grad_accumulation: int = 1,
                  roots: Sequence[nn.Module] = (), optimizers: Sequence[torch.optim.Optimizer] = (),
                  scaler: Any = None) -> None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))

@@ -35,6 +35,7 @@ from ampkit.findings import Finding, accelerate_fp16_off
 from ampkit.hooks import HookEvent
 from ampkit.integrations._doctor import LoopDoctor
 from ampkit.integrations.preflight import PrecisionInEffect, preflight
+from ampkit.precision import PrecisionName
 from ampkit.telemetry import AlarmEvent, CallbackSink, LoopObserver, observe
 
 __all__ = ["StrategyWarning", "Watcher", "accelerate_precision", "strategy_of", "unwrap", "watch"]
@@ -90,11 +91,15 @@ def unwrap(obj: Any, attr: str) -> Any:
     return obj
 
 
+_AUTOCAST: dict[str, PrecisionName] = {"fp16": "fp16", "bf16": "bf16"}
+"""Accelerate's ``mixed_precision`` values that run autocast (its fp8 runs other libraries' layers)."""
+
+
 def accelerate_precision(mixed_precision: str, native_amp: bool, device: torch.device | str, *,
                          setting: str) -> PrecisionInEffect:
     """What Accelerate runs for ``mixed_precision`` (its ``native_amp`` says whether autocast is on)."""
-    requested = mixed_precision if mixed_precision in ("fp16", "bf16") else None
-    actual = requested if requested is not None and native_amp else "fp32"
+    requested = _AUTOCAST.get(mixed_precision)
+    actual: PrecisionName = requested if requested is not None and native_amp else "fp32"
     dev = torch.device(device).type
     if requested == "fp16":
         reason, turn_on = accelerate_fp16_off(dev)
@@ -217,7 +222,7 @@ def _ignore(record: dict[str, Any]) -> None:
 
 def watch(accelerator: Any, model: nn.Module, optimizer: Any, *, scaler: Any = None, scheduler: Any = None,
           telemetry: Any = True, doctor: bool = False, clip_grad_norm: float | None = None,
-          checks: bool = True, precision: str | None = None) -> Watcher:
+          checks: bool = True, precision: PrecisionName | None = None) -> Watcher:
     """Watch a hand-written Accelerate loop (see the module docstring and docs/integrations.md).
 
     Args:

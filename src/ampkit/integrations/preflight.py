@@ -37,7 +37,7 @@ from ampkit.findings import (
     autocast_setting,
     mixed_precision_off,
 )
-from ampkit.precision import LOW_PRECISION_DTYPES
+from ampkit.precision import LOW_PRECISION_DTYPES, PrecisionName
 
 __all__ = ["PrecisionInEffect", "preflight"]
 
@@ -53,7 +53,7 @@ class PrecisionInEffect:
         turn_on: how to get the requested precision with what the code already has.
     """
 
-    def __init__(self, requested: str | None, actual: str, *, setting: str = "", reason: str = "",
+    def __init__(self, requested: PrecisionName | None, actual: PrecisionName, *, setting: str = "", reason: str = "",
                  turn_on: str = "") -> None:
         self.requested, self.actual = requested, actual
         self.setting = setting or f"precision {requested}"
@@ -64,7 +64,7 @@ class PrecisionInEffect:
         return f"PrecisionInEffect(requested={self.requested!r}, actual={self.actual!r})"
 
 
-def preflight(*, requested: str | None = None, actual: str = "fp32", precision: PrecisionInEffect | None = None,
+def preflight(*, requested: PrecisionName | None = None, actual: PrecisionName = "fp32", precision: PrecisionInEffect | None = None,
               model: nn.Module | None = None, optimizers: Sequence[torch.optim.Optimizer] = (), scaler: Any = None,
               framework: str = "the framework") -> list[Finding]:
     """The pre-flight findings of one training setup (see the module docstring).

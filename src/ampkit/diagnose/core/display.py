@@ -7,8 +7,12 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ampkit.findings import SEVERITY_ORDER, Finding
+
+if TYPE_CHECKING:
+    from ampkit.precision import PrecisionName
 
 __all__ = ["display_location", "display_module", "finding_where", "fp8_filter_fix", "keep_fp32_fix", "sort_findings"]
 
@@ -43,7 +47,7 @@ def keep_fp32_fix(module: str | None, why: str) -> str:
             f"(or ampkit.keep_fp32(model.get_submodule({module!r})) in a hand-written loop). {why}")
 
 
-def fp8_filter_fix(layers: list[str], why: str = "", *, precision: str | None = None) -> str:
+def fp8_filter_fix(layers: list[str], why: str = "", *, precision: PrecisionName | None = None) -> str:
     """The remedy on a model with fp8 layers: keep ``layers`` out of fp8 (bf16 under autocast).
 
     >>> fp8_filter_fix(["head"], "Or use bf16.")

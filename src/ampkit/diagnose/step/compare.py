@@ -40,6 +40,7 @@ from ampkit.diagnose.core.display import display_module, fp8_filter_fix
 from ampkit.diagnose.core.modules import reduction_dtype
 from ampkit.diagnose.step.fp8 import layers_to_filter
 from ampkit.findings import Finding
+from ampkit.precision import PrecisionName
 from ampkit.thresholds import THRESHOLDS, Threshold, as_borderline
 
 __all__ = [
@@ -174,7 +175,7 @@ def _first_judged(sqnr: dict[str, float], rule: Threshold,
 
 def precision_findings(
     *, order: list[str], out_sqnr: dict[str, float], grads: GradComparison | None, threshold_db: float,
-    underflow_threshold: float, precision: str, loss_scale: float, step: int | None,
+    underflow_threshold: float, precision: PrecisionName, loss_scale: float, step: int | None,
     fp8_layers: Sequence[str] | None = None,
 ) -> list[Finding]:
     """PRECISION_LOSS (activations, gradients) and GRADIENT_UNDERFLOW for a finite step.
@@ -254,7 +255,7 @@ def flushed_shares(grads: GradComparison) -> list[tuple[str, float, int, int]]:
     return sorted(rows, key=lambda r: (-r[1], -r[2]))
 
 
-def underflow_finding(grads: GradComparison, *, threshold: float, precision: str, loss_scale: float,
+def underflow_finding(grads: GradComparison, *, threshold: float, precision: PrecisionName, loss_scale: float,
                       step: int | None) -> Finding | None:
     """GRADIENT_UNDERFLOW at the module whose gradients are flushed: the largest share of its entries
     non-zero in fp32 and exactly zero here (judged unscaled), wherever it sits in the model."""

@@ -36,6 +36,7 @@ from ampkit.diagnose.step.compare import sqnr_db
 from ampkit.diagnose.step.session import Session
 from ampkit.findings import Finding
 from ampkit.fp8 import is_float8_linear
+from ampkit.precision import PrecisionName
 from ampkit.telemetry.fp8stats import (
     CastSpec,
     cast_specs,
@@ -151,7 +152,7 @@ class OperandProbe:
         return {n: ops for n, ops in out.items() if ops}
 
 
-def flush_findings(table: dict[str, dict[str, dict[str, Any]]], *, precision: str, step: int | None) -> list[Finding]:
+def flush_findings(table: dict[str, dict[str, dict[str, Any]]], *, precision: PrecisionName, step: int | None) -> list[Finding]:
     """FP8_FLUSH per layer whose worst operand flushes beyond the band (or, failing any, the borderline ones)."""
     rule = THRESHOLDS["FP8_FLUSH"]
     worst = [(layer, *max(ops.items(), key=lambda kv: kv[1]["flush_fraction"])) for layer, ops in table.items()]

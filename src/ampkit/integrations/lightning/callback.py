@@ -39,13 +39,14 @@ from ampkit.findings import Finding
 from ampkit.integrations.accelerate import Watcher, strategy_of
 from ampkit.integrations.lightning.precision import AmpkitPrecision
 from ampkit.integrations.preflight import PrecisionInEffect
+from ampkit.precision import PrecisionName
 from ampkit.telemetry import AlarmEvent
 from ampkit.telemetry.gradscaler import GradScalerView
 
 __all__ = ["AmpkitCallback"]
 
 # trainer.precision -> the dtype autocast (or the weights, for "-true") run in.
-_ACTUAL = {"16-mixed": "fp16", "bf16-mixed": "bf16", "16-true": "fp16", "bf16-true": "bf16"}
+_ACTUAL: dict[str, PrecisionName] = {"16-mixed": "fp16", "bf16-mixed": "bf16", "16-true": "fp16", "bf16-true": "bf16"}
 
 
 class AmpkitCallback(Callback):  # type: ignore[misc]
