@@ -170,6 +170,7 @@ def _run_script(args: argparse.Namespace) -> int:
 
 def _report_script(args: argparse.Namespace, report: Any) -> int:
     """Print and write what the run found (also after Ctrl-C, SIGTERM, SIGHUP, a crash or os._exit); the exit status."""
+    from ampkit.diagnose.report.json import doctor_document
     from ampkit.diagnose.report.terminal import render_compiled, render_terminal
     from ampkit.diagnose.script.checkup import checkup_note
 
@@ -187,7 +188,7 @@ def _report_script(args: argparse.Namespace, report: Any) -> int:
         print(f"ampkit doctor: {args.target} ran as a script and trained nothing, but it defines the task "
               f"{report.tasks[0]!r}. To diagnose the task, run: ampkit doctor {args.target}:{report.tasks[0]}",
               file=sys.stderr)
-    _write_outputs(args, report.to_json(), report.result(), report.ended, report.checkup)
+    _write_outputs(args, doctor_document(report), report.result(), report.ended, report.checkup)
     return int(report.doctor_exit_status())
 
 

@@ -1,16 +1,17 @@
 """The ``ampkit.doctor/1`` JSON document (``src/ampkit/schemas/doctor.schema.json``).
 
 ``doctor_document`` is its one builder, for the live, step and script doctors alike: the schema,
-the findings worst first, the environment, then the sections of the doctor that wrote it.
-Non-finite floats follow the doctor schema's policy (``ampkit._util.jsonfloat.NONFINITE_AS_STRING``).
-``write_json`` writes it through ``ampkit._util.io.atomic_write_bytes`` (temp file, fsync, rename):
-a crash never leaves half a report.
+the findings worst first and the environment, then the replay's sections (a ``DiagnosisResult``'s
+headroom, comparison, bisection ...), then the script run's (a ``ScriptReport``'s ``partial``,
+``mixed_precision``, ``compiled`` ...).  Non-finite floats follow the doctor schema's policy
+(``ampkit._util.jsonfloat.NONFINITE_AS_STRING``).  ``write_json`` writes it through
+``ampkit._util.io.atomic_write_bytes`` (temp file, fsync, rename): a crash never leaves half a report.
 
 >>> from ampkit.findings import Finding
 >>> f = Finding(code="FORWARD_NAN", severity="error", message="m", fix="f", evidence={"x": float("inf")})
->>> doc = doctor_document([f], {"device": "cpu"}, precision="fp16")
->>> list(doc), doc["findings"][0]["evidence"], doc["precision"]
-(['schema', 'findings', 'environment', 'precision'], {'x': 'inf'}, 'fp16')
+>>> doc = doctor_document([f], {"device": "cpu"})
+>>> list(doc), doc["findings"][0]["evidence"]
+(['schema', 'findings', 'environment'], {'x': 'inf'})
 """
 
 from __future__ import annotations
@@ -23,36 +24,62 @@ from typing import Any
 from ampkit._util.io import atomic_write_bytes
 from ampkit._util.jsonfloat import NONFINITE_AS_STRING, to_json
 from ampkit.diagnose.core.display import sort_findings
-from ampkit.diagnose.step.result import DiagnosisResult
+from ampkit.diagnose.script.outcome import ScriptReport
+from ampkit.diagnose.step.result import DiagnosisResult, Headroom
 from ampkit.findings import Finding
 
-__all__ = ["SCHEMA", "doctor_document", "write_json"]
+__all__ = ["SCHEMA", "Source", "doctor_document", "write_json"]
 
 SCHEMA = "ampkit.doctor/1"
 
+Source = ScriptReport | DiagnosisResult | Sequence[Finding]
+"""What a document is built from: a script run (``ampkit doctor SCRIPT``), one diagnosis (``diagnose_step``,
+``ampkit doctor TASK``), or findings alone (the live doctor's ``ReplayDoctor.findings``)."""
 
-def doctor_document(source: DiagnosisResult | Sequence[Finding], environment: dict[str, Any] | None = None,
-                    **sections: Any) -> dict[str, Any]:
-    """The ``ampkit.doctor/1`` document of ``source``'s findings, with ``sections`` after them.
 
-    ``source``: a list of findings (the live doctor's), or a ``DiagnosisResult`` (the step doctor's,
-    and the merged one of a script run), whose ``sections()`` come first.  ``environment`` None:
-    the result's own, else this machine's (``ampkit.env.collect_environment``).
+def doctor_document(source: Source, environment: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``ampkit.doctor/1`` document of ``source``.
+
+    ``environment`` None: the script report's (this machine's, with the script, its exit status and
+    scalers), else the result's own, else this machine's (``ampkit.env.collect_environment``).
     """
-    if isinstance(source, DiagnosisResult):
-        findings, sections = source.findings, {**source.sections(), **sections}
-        environment = environment if environment is not None else source.environment
-    else:
-        findings = list(source)
+    report = source if isinstance(source, ScriptReport) else None
+    result = report.result() if report is not None else source if isinstance(source, DiagnosisResult) else None
+    findings = list(result.findings if result is not None else source)  # type: ignore[union-attr]
+    if environment is None:
+        environment = report.environment() if report is not None else result.environment if result is not None else None
     if environment is None:
         from ampkit.env import collect_environment
 
         environment = collect_environment()
-    return to_json({"schema": SCHEMA, "findings": [f.to_dict() for f in sort_findings(list(findings))],
-                    "environment": environment, **sections}, NONFINITE_AS_STRING)
+    doc: dict[str, Any] = {"schema": SCHEMA, "findings": [f.to_dict() for f in sort_findings(findings)],
+                           "environment": environment}
+    if result is not None:
+        doc.update({
+            "precision": result.precision, "step": result.step, "keep_fp32": result.keep_fp32,
+            "fp8_filter": result.fp8_filter, "loss": result.loss, "loss_fp32": result.loss_fp32,
+            "module_headroom": _headroom(result.module_headroom), "grad_headroom": _headroom(result.grad_headroom),
+            "comparison": result.comparison, "bisection": result.bisection,
+        })
+    if report is not None:
+        doc["partial"] = report.partial
+        if report.mixed_precision:
+            doc["mixed_precision"] = report.mixed_precision
+        doc["compiled"] = report.compiled
+        if report.compiled_comparison is not None:
+            doc["compiled_comparison"] = report.compiled_comparison
+        if report.ended is not None:
+            doc["ended"] = report.ended
+        if report.checkup:
+            doc["checkup"] = report.checkup
+    return to_json(doc, NONFINITE_AS_STRING)
 
 
-def write_json(path: str | os.PathLike[str], document: DiagnosisResult | Sequence[Finding] | dict[str, Any],
+def _headroom(headroom: Headroom) -> dict[str, dict[str, list[float]]]:
+    return {m: {k: list(v) for k, v in d.items()} for m, d in headroom.items()}
+
+
+def write_json(path: str | os.PathLike[str], document: Source | dict[str, Any],
                environment: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the ``ampkit.doctor/1`` JSON atomically; returns the document written.
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampkit.diagnose.core.display import sort_findings
-from ampkit.diagnose.report.json import doctor_document
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS
 from ampkit.diagnose.script.where import where_sentence
 from ampkit.diagnose.step.result import DiagnosisResult
@@ -19,7 +18,7 @@ __all__ = ["ScriptReport", "merge_replayed_findings"]
 
 @dataclass
 class ScriptReport:
-    """What ``run_script`` observed; ``to_json()`` is the ``ampkit.doctor/1`` document."""
+    """What ``run_script`` observed; ``report.json.doctor_document(report)`` is its ``ampkit.doctor/1`` document."""
 
     script: str
     argv: list[str]
@@ -79,28 +78,12 @@ class ScriptReport:
         return env
 
     def result(self) -> DiagnosisResult:
-        """One ``DiagnosisResult`` for the HTML page: merged findings, headroom of the first replay."""
+        """One ``DiagnosisResult`` for the HTML page and the JSON document: merged findings, the first replay's
+        headroom, comparison and bisection."""
         first = self.diagnoses[0] if self.diagnoses else None
         if first is None:
             return DiagnosisResult(findings=self.findings, environment=self.environment())
         return dataclasses.replace(first, findings=self.findings, environment=self.environment())
-
-    def sections(self) -> dict[str, Any]:
-        """The script doctor's own sections of its ``ampkit.doctor/1`` document, after the replay's."""
-        doc: dict[str, Any] = {"partial": self.partial}
-        if self.mixed_precision:
-            doc["mixed_precision"] = self.mixed_precision
-        doc["compiled"] = self.compiled
-        if self.compiled_comparison is not None:
-            doc["compiled_comparison"] = self.compiled_comparison
-        if self.ended is not None:
-            doc["ended"] = self.ended
-        if self.checkup:
-            doc["checkup"] = self.checkup
-        return doc
-
-    def to_json(self) -> dict[str, Any]:
-        return doctor_document(self.result(), self.environment(), **self.sections())
 
 
 def merge_replayed_findings(process: list[Finding], replayed: list[Finding]) -> list[Finding]:

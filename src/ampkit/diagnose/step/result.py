@@ -1,4 +1,4 @@
-"""``DiagnosisResult``: what one op-level diagnosis found, and its sections of the ``ampkit.doctor/1`` document."""
+"""``DiagnosisResult``: what one op-level diagnosis found (``report.json.doctor_document`` writes it as ``ampkit.doctor/1``)."""
 
 from __future__ import annotations
 
@@ -44,19 +44,3 @@ class DiagnosisResult:
     @property
     def has_errors(self) -> bool:
         return any(f.severity == "error" for f in self.findings)
-
-    def sections(self) -> dict[str, Any]:
-        """The step doctor's own sections of its ``ampkit.doctor/1`` document (``report.json.doctor_document``,
-        which adds the schema, the findings and the environment)."""
-        return {
-            "precision": self.precision,
-            "step": self.step,
-            "keep_fp32": self.keep_fp32,
-            "fp8_filter": self.fp8_filter,
-            "loss": self.loss,
-            "loss_fp32": self.loss_fp32,
-            "module_headroom": {m: {k: list(v) for k, v in d.items()} for m, d in self.module_headroom.items()},
-            "grad_headroom": {m: {k: list(v) for k, v in d.items()} for m, d in self.grad_headroom.items()},
-            "comparison": self.comparison,
-            "bisection": self.bisection,
-        }

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ampkit.diagnose.report.json import doctor_document
 from ampkit.diagnose.script.runner import ScriptReport, run_script
 from ampkit.diagnose.script.watchers.compile import CompileWatch
 from diagnose.script.watchers.alone import watching
@@ -82,7 +83,7 @@ def test_compile_watch_compiled_model_or_step_names_the_eager_culprit(tmp_path: 
         compiled = run_script(_script(tmp_path, variant, compile_line), measure_speed=False)
         assert culprits(compiled) == culprits(eager), variant
         assert [c["location"] for c in compiled.compiled] == [f"{tmp_path / variant}.py:{line}"], variant
-        assert compiled.to_json()["compiled"] == compiled.compiled
+        assert doctor_document(compiled)["compiled"] == compiled.compiled
 
 
 def test_compile_watch_records_each_form_and_runs_it_eagerly(tmp_path: Path) -> None:
