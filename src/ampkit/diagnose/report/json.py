@@ -43,9 +43,15 @@ def doctor_document(source: Source, environment: dict[str, Any] | None = None) -
     ``environment`` None: the script report's (this machine's, with the script, its exit status and
     scalers), else the result's own, else this machine's (``ampkit.env.collect_environment``).
     """
-    report = source if isinstance(source, ScriptReport) else None
-    result = report.result() if report is not None else source if isinstance(source, DiagnosisResult) else None
-    findings = list(result.findings if result is not None else source)  # type: ignore[union-attr]
+    report: ScriptReport | None = None
+    result: DiagnosisResult | None = None
+    if isinstance(source, ScriptReport):
+        report, result = source, source.result()
+        findings = result.findings
+    elif isinstance(source, DiagnosisResult):
+        result, findings = source, source.findings
+    else:
+        findings = list(source)
     if environment is None:
         environment = report.environment() if report is not None else result.environment if result is not None else None
     if environment is None:
