@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ampkit.findings import Finding
+from ampkit.precision import PrecisionName
 
 __all__ = ["DiagnosisResult", "Headroom"]
 
@@ -32,7 +33,8 @@ class DiagnosisResult:
     """The verified minimal set of modules to keep in fp32 (None when none was needed or found)."""
     fp8_filter: list[str] | None = None
     """For a model with fp8 layers: the verified minimal ``fp8_filter`` (modules kept out of fp8), or None."""
-    precision: str = ""
+    precision: PrecisionName | Literal[""] = ""
+    """The precision the step was replayed under; empty for a result that holds findings only."""
     step: int | None = None
     loss: float | None = None
     loss_fp32: float | None = None
