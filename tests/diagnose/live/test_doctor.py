@@ -48,7 +48,7 @@ def test_replay_healthy_run_stores_only_the_capture() -> None:
     assert call.args[0] is batches[-1]  # a reference, not a copy
     assert call.grads[0] is not None and call.grads[0].shape == (4, 1)
     assert call.autocast == ("cpu", torch.bfloat16, True)
-    assert doctor._calls == [] and doctor._pending == []  # nothing accumulates across steps
+    assert doctor.hooks.captures == [] and doctor._pending == []  # nothing accumulates across steps
 
 
 def test_replay_captures_a_prepared_model_called_inside_another_once() -> None:
@@ -58,7 +58,7 @@ def test_replay_captures_a_prepared_model_called_inside_another_once() -> None:
     mp.prepare(model[0])  # runs inside model's forward: part of model's replay, not a call of its own
     _train(model, mp, _batches(2), torch.optim.SGD(model.parameters(), lr=0.1))
     last = mp.doctor._last
-    assert last is not None and [c.model for c in last.calls] == [model]
+    assert last is not None and [c.root for c in last.calls] == [model]
     assert last.calls[0].grads[0] is not None and last.calls[0].grads[0].shape == (4, 1)
 
 
@@ -183,7 +183,7 @@ def test_replay_keep_last_false_holds_nothing_between_healthy_steps() -> None:
     mp.doctor.keep_last = False
     mp.prepare(model)
     _train(model, mp, _batches(3), torch.optim.SGD(model.parameters(), lr=0.1))
-    assert mp.doctor._last is None and mp.doctor._calls == []
+    assert mp.doctor._last is None and mp.doctor.hooks.captures == []
     assert mp.doctor.replay("manual") == []
 
 
@@ -209,7 +209,7 @@ def test_replay_doctor_is_built_without_an_engine_and_attached_as_a_hook() -> No
     mp = ampkit.MixedPrecision("bf16", device="cpu", hooks=[doctor])
     mp.prepare(model)
     doctor.on_attach(mp)  # idempotent for the same engine
-    assert doctor.engine is mp and id(model) in doctor._hooked
+    assert doctor.engine is mp and id(model) in doctor.hooks.roots
     _train(model, mp, _batches(6, nan_at=3), torch.optim.SGD(model.parameters(), lr=0.1))
     assert doctor.replays == 1 and doctor.findings[0].code == "NONFINITE_INPUT"
     with pytest.raises(ValueError, match="another engine"):
@@ -228,7 +228,7 @@ def test_replay_doctor_replays_on_a_replay_event_and_close_removes_its_hooks() -
     assert [f.code for f in doctor.findings][:1] == ["SCALE_COLLAPSE"]
     assert doctor.findings[0].evidence["cause"] == "not_reproduced"
     doctor.close()
-    assert doctor._hooked == {} and not model._forward_pre_hooks and not model._forward_hooks
+    assert doctor.hooks.roots == {} and not model._forward_pre_hooks and not model._forward_hooks
 
 
 def test_replay_scale_collapse_from_a_derivative_singularity_says_so() -> None:

@@ -1,23 +1,14 @@
 """``ReplayDoctor``: zero cost until failure, then a full diagnosis of the failing step.
 
-``MixedPrecision(..., doctor=True)`` installs one.  Every step it keeps a *capture*:
-
-* references to the inputs of each call of a prepared model (a forward pre-hook; no copy —
-  the batch is alive anyway — so an input buffer the training code overwrites in place is
-  seen with its new contents at replay time); a prepared model called inside another one's
-  forward is not captured again: the outer call's replay runs it;
-* the RNG state before that call (``torch.get_rng_state``: a 5 KB host copy; on CUDA the
-  generator's seed and offset, read from host memory without a device sync) and the autocast
-  state;
-* the gradient each model output received in backward (a tensor hook that stores a
-  reference: the loss function is not known to the engine, so the replay re-runs the model
-  on the captured inputs and backpropagates this gradient — everything inside the model is
-  re-traced, the loss itself is not).  When the output is consumed by a cast (``.float()``
-  before the loss, autocast's fp32 loss ops), the gradient *before* that cast is kept too
-  (a pre-hook on the cast's autograd node, found by a walk of at most 64 nodes from the loss
-  in ``on_backward``): a scale that overflows fp16 exactly at that boundary is then replayed
-  faithfully, and judged at scale 1;
-* the loss tensors given to ``mp.backward`` and the scale the step used (``StepResult.scale``).
+``MixedPrecision(..., doctor=True)`` installs one.  Every step it keeps a *capture*: the
+``diagnose.capture.Capture`` of each call of a prepared model that autograd records, made by its
+``CaptureHooks`` (inputs, outputs and the gradients the outputs received, before a narrowing cast too,
+kept by reference; the RNG, autocast and running-statistics state before the call; a prepared model
+called inside another one's forward is part of the outer call's replay), plus the loss tensors given to
+``mp.backward`` and the scale the step used (``StepResult.scale``).  The loss function is not known to
+the engine, so the replay (``diagnose.replay``) re-runs the model on the captured inputs and
+backpropagates the captured output gradients: everything inside the model is re-traced, the loss
+itself is not.
 
 Deciding whether a step failed costs no host sync in the hot path: at the boundary the
 doctor queues ``[found_inf > 0, any loss non-finite]`` on the device.  On the CPU that
@@ -56,30 +47,18 @@ finding (``evidence.parameters``); ``evidence.weights`` says whether they were t
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from ampkit._util.autograd import sole_cast_consumers
 from ampkit._util.host import HostCopy
-from ampkit._util.modhooks import own_hook
+from ampkit.diagnose.capture import Capture, CaptureHooks
 from ampkit.diagnose.core.display import sort_findings
-from ampkit.diagnose.core.modules import float_tensors
-from ampkit.diagnose.live.capture import (
-    Call,
-    GradKeeper,
-    StepCapture,
-    WideKeeper,
-    failure_flag,
-    replay_program,
-    scale_value,
-)
 from ampkit.diagnose.live.findings import (
     fold_consequence,
     fold_parameters,
@@ -97,6 +76,36 @@ if TYPE_CHECKING:
 __all__ = ["ReplayDoctor"]
 
 log = logging.getLogger("ampkit.doctor")
+
+
+@dataclass
+class StepCapture:
+    """What one optimizer step ran: its forwards (``Capture``), losses and the scale it used."""
+
+    step: int
+    calls: list[Capture]
+    losses: list[torch.Tensor]
+    scale: float | torch.Tensor
+    grad_accumulation: int
+    has_found_inf: bool = False
+    flag: HostCopy | None = None
+    models: list[nn.Module] = field(default_factory=list)
+
+    def scale_value(self) -> float:
+        # A host read of a 0-d tensor, on the replay path only.
+        return float(self.scale) if isinstance(self.scale, (int, float)) else float(self.scale.item())
+
+
+def failure_flag(found_inf: torch.Tensor | None, losses: list[torch.Tensor]) -> torch.Tensor | None:
+    """``[found_inf > 0 (when given), any loss non-finite (when any)]`` on the device: no host read."""
+    parts = []
+    if found_inf is not None:
+        parts.append(found_inf.reshape(1) > 0)
+    if losses:
+        # A loss may be non-scalar (mp.backward(out, gradient=...)): every element must be finite.
+        finite = torch.stack([torch.isfinite(x).all() for x in losses])
+        parts.append((~finite).any().reshape(1))
+    return torch.cat([p.to(parts[0].device) for p in parts]) if parts else None
 
 
 class ReplayDoctor(EngineHook):
@@ -123,8 +132,10 @@ class ReplayDoctor(EngineHook):
         self.results: list[DiagnosisResult] = []
         self.replays = 0
         """Automatic replays run so far."""
-        self._hooked: dict[int, list[RemovableHandle]] = {}
-        self._calls: list[Call] = []
+        # Unbounded window and gradients: a step's every micro-batch can be replayed (see "Memory").
+        self.hooks = CaptureHooks(on_root_enter=self._poll, grad_only=True, max_captures=None,
+                                  grad_capture_numel=None)
+        """The forwards of the current step (``diagnose.capture``)."""
         self._losses: list[torch.Tensor] = []
         self._last: StepCapture | None = None
         self._pending: list[StepCapture] = []
@@ -132,9 +143,6 @@ class ReplayDoctor(EngineHook):
         self._scaling_ok = False
         self._loss_reported = False
         self._warned_unprepared = False
-        self._out_nodes: dict[Any, tuple[Call, int]] = {}
-        self._depth = 0
-        """Hooked models running now: a call made inside another is part of the outer one's replay."""
         self._early: StepCapture | None = None
         """The step decided before its update (``before_update``), closed at its ``after_step``."""
         self._origin: Finding | None = None
@@ -148,11 +156,11 @@ class ReplayDoctor(EngineHook):
             raise ValueError("this ReplayDoctor is already attached to another engine; build one per engine")
         self.engine = engine
         for model in engine.models:
-            self._hook(model)
+            self.hooks.add_root(model)
 
     @override
     def on_prepare(self, engine: HookedEngine, model: nn.Module) -> None:
-        self._hook(model)
+        self.hooks.add_root(model)
 
     @override
     def on_event(self, engine: HookedEngine, event: HookEvent) -> bool | None:
@@ -166,13 +174,12 @@ class ReplayDoctor(EngineHook):
     def on_backward(self, engine: HookedEngine, loss: torch.Tensor) -> None:
         if self._replaying:
             return
-        if not self._hooked and not self._warned_unprepared:
+        if not self.hooks.roots and not self._warned_unprepared:
             self._warned_unprepared = True
             log.warning("MixedPrecision(doctor=True) captures the inputs of prepared models only; call "
                         "mp.prepare(model) before training so a failing step can be replayed")
         self._losses.append(loss.detach())
-        if self._out_nodes and loss.grad_fn is not None:
-            self._hook_casts(loss.grad_fn)
+        self.hooks.on_backward([loss], loss, None)
 
     @override
     def before_optimizer_step(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer],
@@ -186,7 +193,7 @@ class ReplayDoctor(EngineHook):
         with: once an unchecked update has applied its NaN, a replay would see only non-finite
         weights.  Otherwise nothing happens here, and ``after_step`` decides.
         """
-        if self._replaying or self._early is not None or self._bound().device.type != "cpu" or not self._calls:
+        if self._replaying or self._early is not None or self._bound().device.type != "cpu" or not self.hooks.captures:
             return
         flag = failure_flag(found_inf, self._losses)
         flags = flag.tolist() if flag is not None else []
@@ -201,7 +208,8 @@ class ReplayDoctor(EngineHook):
         if self._replaying:
             return
         if self._early is not None:  # decided (and replayed) before its update
-            self._early, self._calls, self._losses, self._out_nodes = None, [], [], {}
+            self._early, self._losses = None, []
+            self.hooks.new_window()
             return
         cap = self._close(result.optimizer_step, result.scale, result.found_inf)
         flag = failure_flag(result.found_inf, cap.losses)
@@ -217,12 +225,11 @@ class ReplayDoctor(EngineHook):
 
     def _close(self, step: int, scale: torch.Tensor | float | None, found_inf: torch.Tensor | None) -> StepCapture:
         """The capture of step ``step``, which becomes the last one; a new one begins."""
-        cap = StepCapture(step=step, calls=self._calls, losses=self._losses,
-                           scale=scale if scale is not None else 1.0, grad_accumulation=self._bound().grad_accumulation,
-                           has_found_inf=found_inf is not None, models=list({id(c.model): c.model
-                                                                             for c in self._calls}.values()))
-        self._calls, self._losses = [], []
-        self._out_nodes = {}
+        calls = self.hooks.new_window()
+        cap = StepCapture(step=step, calls=calls, losses=self._losses,
+                          scale=scale if scale is not None else 1.0, grad_accumulation=self._bound().grad_accumulation,
+                          has_found_inf=found_inf is not None, models=list({id(c.root): c.root for c in calls}.values()))
+        self._losses = []
         self._last = cap
         return cap
 
@@ -231,55 +238,11 @@ class ReplayDoctor(EngineHook):
             raise RuntimeError("ReplayDoctor is not attached to an engine: pass it in MixedPrecision(..., hooks=[...])")
         return self.engine
 
-    # -- capture hooks ---------------------------------------------------------------------------
-    def _hook(self, model: nn.Module) -> None:
-        if id(model) in self._hooked:
-            return
-        self._hooked[id(model)] = [
-            model.register_forward_pre_hook(own_hook(model, self._pre_hook), with_kwargs=True),
-            # always_call: a forward that raises still leaves the nesting depth balanced
-            model.register_forward_hook(own_hook(model, self._post_hook), with_kwargs=True, always_call=True),
-        ]
-
     @override
     def close(self) -> None:
         """Remove the capture hooks from every model."""
-        for handles in self._hooked.values():
-            for h in handles:
-                h.remove()
-        self._hooked.clear()
-
-    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        self._depth += 1
-        if self._depth > 1 or self._replaying or not torch.is_grad_enabled():
-            return
-        if self._pending:
-            self._poll()
-        dev = self._bound().device
-        accel = torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
-        self._calls.append(Call(
-            model=module, args=args, kwargs=kwargs, rng_cpu=torch.get_rng_state(), rng_accel=accel,
-            autocast=(dev.type, torch.get_autocast_dtype(dev.type), torch.is_autocast_enabled(dev.type)),
-        ))
-
-    def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        self._depth = max(0, self._depth - 1)
-        if self._depth > 0 or self._replaying or not self._calls or self._calls[-1].model is not module:
-            return
-        call = self._calls[-1]
-        outs = [t for t in float_tensors(output) if t.requires_grad]
-        call.grads = [None] * len(outs)
-        call.wide = [None] * len(outs)
-        for i, t in enumerate(outs):
-            t.register_hook(GradKeeper(call.grads, i))
-            if t.grad_fn is not None:
-                self._out_nodes[t.grad_fn] = (call, i)
-
-    def _hook_casts(self, root: Any) -> None:
-        """Pre-hook the casts that are a captured output's sole consumer (``ampkit._util.autograd``)."""
-        for out_node, cast in sole_cast_consumers([root], self._out_nodes).items():
-            call, i = self._out_nodes[out_node]
-            cast.register_prehook(WideKeeper(call.wide, i))
+        self.hooks.remove()
+        self.hooks.roots.clear()
 
     # -- deciding and replaying --------------------------------------------------------------------
     def _poll(self) -> None:
@@ -328,38 +291,27 @@ class ReplayDoctor(EngineHook):
             return []
         found = self._run(cap, reason)
         if reason == "SCALE_COLLAPSE":
-            collapse = scale_collapse_finding(found, cap.step, scale_value(cap))
+            collapse = scale_collapse_finding(found, cap.step, cap.scale_value())
             self.findings.append(collapse)
             found = sort_findings([collapse, *found])
         return found
 
     def _run(self, cap: StepCapture, reason: str, *, after_update: bool = False) -> list[Finding]:
-        from ampkit.diagnose.step.api import diagnose_program
-        from ampkit.diagnose.step.session import RngSnapshot, Session
+        # Imported on the first replay: the op-level diagnosis is not loaded into healthy runs.
+        from ampkit.diagnose.replay import replay
 
-        scale = scale_value(cap)
-        effective = scale / cap.grad_accumulation  # the factor the captured output gradients carry
-        found: list[Finding] = []
-        self._replaying = True
-        # A replay can start inside the caller's forward pre-hook (accelerators): leave its autocast
-        # and grad mode outside, every program sets its own.
-        clean = contextlib.ExitStack()
-        clean.enter_context(torch.enable_grad())
+        scale = cap.scale_value()
         engine = self._bound()
-        clean.enter_context(torch.autocast(engine.device.type, enabled=False))
+        found: list[Finding] = []
+        self._replaying = self.hooks.paused = True
         try:
             for call in cap.calls:
-                program, seed_finite = replay_program(call, effective)
-                session = Session(call.model, program, engine.precision,
-                                  rng=RngSnapshot(engine.device, cpu=call.rng_cpu, accel=call.rng_accel))
-                try:
-                    result = diagnose_program(call.model, program, engine.precision, step=cap.step,
-                                              shadow=self.shadow, bisect=self.bisect, session=session)
-                finally:
-                    session.close()
+                call.scale = scale / cap.grad_accumulation  # the factor the captured output gradients carry
+                seed_finite = call.grads_finite() is not False
+                result = replay(call, engine.precision, shadow=self.shadow, bisect=self.bisect, step=cap.step)
                 result.findings = [_with_context(f, reason, engine.optimizer_steps) for f in result.findings]
                 if not seed_finite and not any(f.severity == "error" for f in result.findings):
-                    result.findings = sort_findings([seed_finding(cap.losses, call.model, cap.step, scale), *result.findings])
+                    result.findings = sort_findings([seed_finding(cap.losses, call.root, cap.step, scale), *result.findings])
                 self.results.append(result)
                 found.extend(result.findings)
                 if any(f.severity == "error" for f in result.findings):
@@ -368,11 +320,10 @@ class ReplayDoctor(EngineHook):
             log.warning("ampkit doctor: replay of step %d failed: %s: %s", cap.step, type(exc).__name__, exc)
             return []
         finally:
-            clean.close()
-            self._replaying = False
+            self._replaying = self.hooks.paused = False
         if any(f.code == "BACKWARD_OVERFLOW" and f.severity == "info" for f in found):
             self._scaling_ok = True
-        low = loss_finding(cap.losses, cap.step, scale_value(cap))
+        low = loss_finding(cap.losses, cap.step, cap.scale_value())
         if low is not None and not self._loss_reported:
             self._loss_reported = True
             found.append(low)
@@ -384,8 +335,6 @@ class ReplayDoctor(EngineHook):
 
 
 def _with_context(f: Finding, reason: str, now: int) -> Finding:
-    from dataclasses import replace
-
     return replace(f, evidence={**f.evidence, "replay_reason": reason, "params_from_step": now})
 
 

@@ -32,7 +32,7 @@ from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
 from ampkit._util.overrides import overrides
 from ampkit._util.threads import thread_values
-from ampkit.diagnose.script.capture import Capture
+from ampkit.diagnose.capture import Capture
 from ampkit.diagnose.script.lossgrad import LossGrads
 from ampkit.diagnose.script.losstrace import (
     HIDDEN_LOSS_CODE,

@@ -8,7 +8,7 @@ schedulers, gradient clipping and ``torch.save``/``torch.load``, and hook the mo
 calls; afterwards everything is restored, also when the script crashed.
 
 During the run, a step that the GradScaler skips, or whose loss or gradients are non-finite,
-is replayed op by op (``script.replay``) right away, while the model still holds that step's
+is replayed op by op (``diagnose.replay``) right away, while the model still holds that step's
 weights: the first failure of each cause (gradient overflows, usually ordinary dynamic
 scaling, at their 1st, 4th and 16th occurrence until one is an error), at most
 ``max_replays``.  When no replay found an error, one *checkup* replays the last captured step
@@ -34,7 +34,8 @@ import torch
 
 from ampkit._util.frames import UserFrames
 from ampkit._util.heartbeat import Heartbeat
-from ampkit.diagnose.script.capture import Capture
+from ampkit.diagnose.capture import Capture
+from ampkit.diagnose.replay import replay, replay_precision
 from ampkit.diagnose.script.checkup import (
     checkup_failed,
     checkup_ran,
@@ -51,7 +52,6 @@ from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
 from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.replay import replay_capture, replay_precision
 from ampkit.diagnose.script.rules import finalize
 from ampkit.diagnose.script.state import Sampler
 from ampkit.diagnose.script.target import defined_tasks, require_module
@@ -106,8 +106,9 @@ class _Runner:
         # and patch autocast under each other.
         with self._replay_lock, self.ctx.pause():
             try:
-                result = replay_capture(cap, intended=self.intended, step=step, user_paths=self.user_paths,
-                                        bisect=self.bisect, on_progress=self.heartbeat.beat)
+                how = replay_precision(cap, self.intended)
+                result = None if how is None else replay(cap, how[0], autocast=how[1], step=step, bisect=self.bisect,
+                                                         user_paths=self.user_paths, on_progress=self.heartbeat.beat)
             except Exception as exc:  # a replay must never take the user's run down
                 self.replays.append({"why": why, "step": step, "error": f"{type(exc).__name__}: {exc}"})
                 print(f"ampkit doctor: could not replay step {step} ({why}): {type(exc).__name__}: {exc}",

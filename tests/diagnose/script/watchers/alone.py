@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from ampkit._util.frames import UserFrames
-from ampkit.diagnose.script.capture import Capture
+from ampkit.diagnose.capture import Capture
 from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services import Services

@@ -23,7 +23,7 @@ _DECORATOR_FILE = torch.amp.autocast_mode.__file__
 """Where ``@torch.autocast(...)`` enters its instance (``autocast_decorator``)."""
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.script.capture import Capture
+    from ampkit.diagnose.capture import Capture
 
 __all__ = ["AutocastRequest", "AutocastWatch"]
 

@@ -19,7 +19,7 @@ from ampkit._util.autograd import note_backward_roots
 from ampkit._util.overrides import overrides
 
 if TYPE_CHECKING:
-    from ampkit.diagnose.script.capture import Capture
+    from ampkit.diagnose.capture import Capture
     from ampkit.diagnose.script.patches import PatchSet
     from ampkit.diagnose.script.state import WatchState
 
