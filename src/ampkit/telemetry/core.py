@@ -40,13 +40,12 @@ from torch import nn
 from typing_extensions import override
 
 from ampkit._util.modhooks import own_hook
-from ampkit._util.overrides import overrides
 from ampkit.hooks import EngineHook, HookedEngine, StepResult
 from ampkit.telemetry.alarms import Alarm, AlarmEvent, Monitor, default_alarms
 from ampkit.telemetry.delivery import act, deliver, guarded
 from ampkit.telemetry.exitflush import close_at_exit
 from ampkit.telemetry.fp8stats import Fp8Stats
-from ampkit.telemetry.gradcounts import StepGradCounts, grads_of, params_with_grads
+from ampkit.telemetry.gradcounts import StepGradCounts, grads_of, params_with_grads, settled_among
 from ampkit.telemetry.metrics import COL, MetricBuffer, ModuleAbsmax
 from ampkit.telemetry.records import StepMeta, current_rank, floating_tensors, make_record
 from ampkit.telemetry.sinks import Sink, as_sink
@@ -248,13 +247,7 @@ class Telemetry(EngineHook):
         or wait, none before it a ``before_optimizer_step``.  Decided once per hook list (a tuple compare)."""
         hooks = engine.hooks
         if hooks != self._hooks_seen:
-            mine = next((i for i, h in enumerate(hooks) if h is self), len(hooks))
-            self._hooks_seen = hooks
-            self._hooks_settled = not any(
-                (i > mine and overrides(h, EngineHook, "after_unscale")) or overrides(h, EngineHook, "reduce_found_inf")
-                or overrides(h, EngineHook, "wait_found_inf")
-                or (i < mine and overrides(h, EngineHook, "before_optimizer_step"))
-                for i, h in enumerate(hooks) if h is not self)
+            self._hooks_seen, self._hooks_settled = hooks, settled_among(self, hooks)
         return self._hooks_settled
 
     @override

@@ -24,11 +24,24 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ampkit._util.dtensor import local_shard
+from ampkit._util.overrides import overrides
+from ampkit.hooks import EngineHook
 from ampkit.telemetry.metrics import GradCounter
 
-__all__ = ["StepGradCounts", "grads_of", "params_with_grads"]
+__all__ = ["StepGradCounts", "grads_of", "params_with_grads", "settled_among"]
 
 Counts = tuple[torch.Tensor, torch.Tensor]
+
+
+def settled_among(hook: EngineHook, hooks: Sequence[EngineHook]) -> bool:
+    """Whether no other of ``hooks`` can change a gradient between ``hook``'s ``after_unscale`` and its
+    ``before_optimizer_step``: none after it has an ``after_unscale``, none a found_inf reduction or
+    wait, none before it a ``before_optimizer_step``."""
+    mine = next((i for i, h in enumerate(hooks) if h is hook), len(hooks))
+    return not any(
+        (i > mine and overrides(h, EngineHook, "after_unscale")) or overrides(h, EngineHook, "reduce_found_inf")
+        or overrides(h, EngineHook, "wait_found_inf") or (i < mine and overrides(h, EngineHook, "before_optimizer_step"))
+        for i, h in enumerate(hooks) if h is not hook)
 
 
 def params_with_grads(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
