@@ -32,8 +32,8 @@ def test_doctor_observers_count_skips_and_classify_the_cause() -> None:
             opt.zero_grad()
 
     ctx = observe(loop)
-    assert len(ctx.skips) == 18 and set(ctx.skips.values()) == {"nonfinite_data"}
-    collapse = [f for f in ctx.ledger.findings() if f.code == "SCALE_COLLAPSE"]
+    assert len(ctx.state.skips) == 18 and set(ctx.state.skips.values()) == {"nonfinite_data"}
+    collapse = [f for f in ctx.state.ledger.findings() if f.code == "SCALE_COLLAPSE"]
     assert collapse and collapse[0].evidence["cause"] == "nonfinite_data"
     assert collapse[0].evidence["min_scale"] == 2.0**16 / 2**18
-    assert any(f.code == "NONFINITE_INPUT" and f.evidence["samples"] == [0] for f in ctx.ledger.findings())
+    assert any(f.code == "NONFINITE_INPUT" and f.evidence["samples"] == [0] for f in ctx.state.ledger.findings())

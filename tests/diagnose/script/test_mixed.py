@@ -50,7 +50,7 @@ def _train(make_scaler: Callable[[], torch.amp.GradScaler], autocast: torch.dtyp
 
 
 def _off(ctx: Context) -> list:
-    return [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
+    return [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
 
 
 def test_requested_flags_names_dtype_settings_and_switches_but_not_lookalikes() -> None:
@@ -105,7 +105,7 @@ def test_mixed_precision_off_does_not_count_a_disabled_scaler_as_a_request() -> 
 
 def test_mixed_precision_off_stays_silent_when_the_scripts_own_switches_are_off() -> None:
     ctx = observe(lambda: _train(lambda: torch.amp.GradScaler("cpu", enabled=False), "off"))
-    assert ctx.ledger.findings() == []
+    assert ctx.state.ledger.findings() == []
     record = mixed_precision_record(ctx, {})
     assert record["requested"]["amp"] is False and record["actual"]["scaler"] == "inactive"
     assert record["summary"] == fp32_note(record) and "switches turn mixed precision off" in record["summary"]
@@ -131,8 +131,8 @@ def test_mixed_precision_off_leaves_a_cuda_autocast_to_autocast_inactive_and_nam
         scaler.update()
 
     ctx = observe(cuda_loop)
-    assert [f.code for f in ctx.ledger.findings()] == ["AUTOCAST_INACTIVE"]
-    assert "GradScaler created at" in ctx.ledger.findings()[0].message
+    assert [f.code for f in ctx.state.ledger.findings()] == ["AUTOCAST_INACTIVE"]
+    assert "GradScaler created at" in ctx.state.ledger.findings()[0].message
 
 
 def test_mixed_precision_record_counts_autocast_regions_dtypes_and_an_active_scaler() -> None:

@@ -34,14 +34,14 @@ def compare_last_step(ctx: Context, wanted: bool = True) -> tuple[CompiledCompar
 
 
 def _compare(ctx: Context) -> CompiledComparison | None:
-    cap = ctx.models.last
+    cap = ctx.state.models.last
     if cap is None:
         return None
     device, dtype, enabled = cap.device.type, cap.autocast_dtype, cap.autocast_enabled
     print(f"ampkit doctor: comparing torch.compile against eager on step {cap.step}, module by module "
           "(one compile per compared module)", file=sys.stderr)
     try:
-        with ctx.pause(), cap.running_stats_before():
+        with ctx.state.pause(), cap.running_stats_before():
             return compare_compiled(
                 cap.root, cap.args, cap.kwargs, grads=cap.seed_grads(), rng_cpu=cap.rng_cpu,
                 autocast=lambda: torch.autocast(device, dtype=dtype, enabled=enabled),
@@ -54,10 +54,10 @@ def _compare(ctx: Context) -> CompiledComparison | None:
 
 def divergence_findings(comparison: CompiledComparison, ctx: Context) -> list[Finding]:
     """One COMPILED_DIVERGENCE per reported module, named as the doctor names modules."""
-    cap = ctx.models.last
+    cap = ctx.state.models.last
     if cap is None:
         return []
-    return [_finding(m, worst, ctx.models.qualify(cap.root, m.module) or "", cap.location, cap.step)
+    return [_finding(m, worst, ctx.state.models.qualify(cap.root, m.module) or "", cap.location, cap.step)
             for m in comparison.culprits() if (worst := m.worst) is not None]
 
 

@@ -83,7 +83,7 @@ def _flag(name: str, value: Any) -> str | None:
 def trained_in(ctx: Context) -> str | None:
     """What the observed forwards ran in: ``mixed`` (under autocast), ``fp16``/``bf16``
     (low-precision parameters without autocast), ``fp32``, or None when no model ran forward."""
-    forwards = ctx.forwards
+    forwards = ctx.state.forwards
     if not forwards.total:
         return None
     if sum(forwards.autocast.values()):
@@ -93,39 +93,39 @@ def trained_in(ctx: Context) -> str | None:
 
 
 def _low_dtypes(ctx: Context) -> list[str]:
-    ran = {d for d, n in ctx.forwards.autocast.items() if n}
+    ran = {d for d, n in ctx.state.forwards.autocast.items() if n}
     ran |= {r.dtype for r in ctx.autocast.requests.values() if r.effective and r.entered}
     return sorted(dtype_name(d) for d in ran if d in LOW_PRECISION_DTYPES)
 
 
 def _model_device(ctx: Context) -> str:
-    last = ctx.models.last
+    last = ctx.state.models.last
     if last is not None:
         return last.device.type
-    return min(ctx.forwards.devices, default="cpu")
+    return min(ctx.state.forwards.devices, default="cpu")
 
 
 def mixed_precision_record(ctx: Context, flags: Mapping[str, str], intended: str | None = None) -> dict[str, Any]:
     """The doctor JSON's ``mixed_precision``: what the script asked for and what actually ran."""
     scalers = [{"location": i.location, "built_as": i.built_as, "device": i.device, "enabled_arg": i.requested,
-                "enabled": i.enabled, "off_reason": i.off_reason()} for i in ctx.scalers.infos]
+                "enabled": i.enabled, "off_reason": i.off_reason()} for i in ctx.state.scalers.infos]
     entered = ctx.autocast.requests
     autocast = [{"location": a.location, "device_type": a.device_type, "dtype": dtype_name(a.dtype),
                  "enabled_arg": a.requested, "enabled": a.effective,
                  "entered": entered[key].entered if key in entered else 0}
                 for key, a in {**entered, **ctx.autocast.built}.items()]
-    frameworks = [r.to_dict() for r in ctx.frameworks.requests]
+    frameworks = [r.to_dict() for r in ctx.state.frameworks.requests]
     amp = (any(s["enabled_arg"] for s in scalers) or any(a["enabled_arg"] for a in autocast) or bool(flags)
-           or ctx.scalers.ampkit_enabled or bool(frameworks))
-    enabled = any(i.enabled for i in ctx.scalers.infos) or ctx.scalers.ampkit_enabled
+           or ctx.state.scalers.ampkit_enabled or bool(frameworks))
+    enabled = any(i.enabled for i in ctx.state.scalers.infos) or ctx.state.scalers.ampkit_enabled
     record: dict[str, Any] = {
         "requested": {"amp": amp, "scalers": scalers, "autocast": autocast, "flags": dict(flags),
                       "frameworks": frameworks, "precision": intended},
         "actual": {
-            "forwards": ctx.forwards.total,
+            "forwards": ctx.state.forwards.total,
             "autocast_regions": sum(r.entered for r in entered.values() if r.effective),
             "autocast_dtypes": _low_dtypes(ctx),
-            "scaler": "active" if enabled else "inactive" if scalers or ctx.scalers.ampkit_scaled else "none",
+            "scaler": "active" if enabled else "inactive" if scalers or ctx.state.scalers.ampkit_scaled else "none",
             "trained_in": trained_in(ctx),
         },
     }
@@ -163,7 +163,7 @@ def _autocast_off_without_cuda(ctx: Context) -> bool:
 def scaler_off_too(ctx: Context) -> str:
     """The clause AUTOCAST_INACTIVE adds when a GradScaler is off for the same reason (no CUDA): one
     finding for one cause, rather than a second MIXED_PRECISION_OFF for the scaler."""
-    off = [i for i in ctx.scalers.infos if i.off_reason() == "no_cuda"]
+    off = [i for i in ctx.state.scalers.infos if i.off_reason() == "no_cuda"]
     if not off:
         return ""
     return (f"; the {off[0].built_as} created at {off[0].location} is disabled for the same reason, so no loss is "
@@ -171,20 +171,20 @@ def scaler_off_too(ctx: Context) -> str:
 
 
 def report_mixed_precision_off(ctx: Context, flags: Mapping[str, str]) -> None:
-    """MIXED_PRECISION_OFF into ``ctx.ledger``: scalers torch turned off, and a run without any
+    """MIXED_PRECISION_OFF into ``ctx.state.ledger``: scalers torch turned off, and a run without any
     autocast region although the script asks for mixed precision (run after AUTOCAST_INACTIVE)."""
     trained = trained_in(ctx)
     device = _model_device(ctx)
     if not _autocast_off_without_cuda(ctx):
-        for info in ctx.scalers.infos:
+        for info in ctx.state.scalers.infos:
             if info.off_reason() in _OFF_BY_DEVICE:
                 _scaler_off(ctx, info, trained, device)
-    if ctx.frameworks.requests:
-        if trained == "fp32" and not ctx.ledger.has("AUTOCAST_INACTIVE"):
+    if ctx.state.frameworks.requests:
+        if trained == "fp32" and not ctx.state.ledger.has("AUTOCAST_INACTIVE"):
             _framework_off(ctx, device)
         elif trained == "mixed":
             _framework_other_dtype(ctx)
-    elif trained == "fp32" and not ctx.ledger.has("AUTOCAST_INACTIVE"):
+    elif trained == "fp32" and not ctx.state.ledger.has("AUTOCAST_INACTIVE"):
         _no_autocast(ctx, flags, device)
 
 
@@ -221,11 +221,11 @@ def _scaler_off(ctx: Context, info: ScalerInfo, trained: str | None, device: str
         turn_on = _turn_on_scaler(device, autocast_there=trained == "mixed")
     else:
         actual = ("scaler.scale(loss) returned the loss unscaled and no step was checked for inf/NaN; "
-                  + (_fp32_actual(ctx.forwards.total) if trained else "no model forward was observed"))
+                  + (_fp32_actual(ctx.state.forwards.total) if trained else "no model forward was observed"))
         turn_on = _turn_on_scaler(device, autocast_there=False)
     message, fix = mixed_precision_off(
         f"the {info.built_as} built at {info.location} (device {info.device!r}, enabled=True)", actual, why, turn_on)
-    ctx.ledger.add("MIXED_PRECISION_OFF", key=("scaler", info.location), severity=severity, message=message,
+    ctx.state.ledger.add("MIXED_PRECISION_OFF", key=("scaler", info.location), severity=severity, message=message,
                    fix=fix, location=info.location,
                    evidence={"what": "scaler", "off_reason": reason, "built_as": info.built_as,
                              "scaler_device": info.device, "model_device": device, "trained_in": trained})
@@ -235,7 +235,7 @@ def _no_autocast(ctx: Context, flags: Mapping[str, str], device: str) -> None:
     """No forward ran under autocast although a scaler, an autocast object or a setting asks for it."""
     watch = ctx.autocast
     built = {**watch.requests, **watch.built}
-    infos = ctx.scalers.infos
+    infos = ctx.state.scalers.infos
     if not (any(a.requested for a in built.values()) or any(i.requested for i in infos) or flags):
         return  # every switch is off: fp32 on purpose (the summary line says so)
     unentered = [a for k, a in built.items() if a.requested and (k not in watch.requests or not
@@ -268,17 +268,17 @@ def _no_autocast(ctx: Context, flags: Mapping[str, str], device: str) -> None:
                    f"{device!r}, dtype=...)` in place of the fallback"
                    + (" (on CPU, bf16 trains without a scaler; fp16 needs torch.amp.GradScaler('cpu'))"
                       if device == "cpu" else ""))
-    message, fix = mixed_precision_off("the script (" + "; ".join(asked) + ")", _fp32_actual(ctx.forwards.total),
+    message, fix = mixed_precision_off("the script (" + "; ".join(asked) + ")", _fp32_actual(ctx.state.forwards.total),
                                        why, turn_on)
-    ctx.ledger.add("MIXED_PRECISION_OFF", key="no_autocast", message=message, fix=fix, location=where,
-                   evidence={"what": "autocast", "forwards": ctx.forwards.total, "autocast_regions": 0,
+    ctx.state.ledger.add("MIXED_PRECISION_OFF", key="no_autocast", message=message, fix=fix, location=where,
+                   evidence={"what": "autocast", "forwards": ctx.state.forwards.total, "autocast_regions": 0,
                              "flags": dict(flags), "model_device": device})
 
 
 def _framework_off(ctx: Context, device: str) -> None:
     """A framework's settings object asks for mixed precision (``TrainingArguments(fp16=True)``), but no
     forward ran under autocast: the framework dropped it on this device."""
-    req = ctx.frameworks.requests[0]
+    req = ctx.state.frameworks.requests[0]
     if req.reason:
         reason, turn_on = req.reason, req.turn_on
     elif req.dtype == "fp16":
@@ -287,11 +287,11 @@ def _framework_off(ctx: Context, device: str) -> None:
         reason = f"the {req.framework} did not enable {req.dtype} autocast on {device}"
         turn_on = f"run on a device with {req.dtype} support (check `ampkit env`)"
     built = f" (built at {req.location})" if req.location else ""
-    message, fix = mixed_precision_off(f"{req.setting}{built}", _fp32_actual(ctx.forwards.total), reason, turn_on)
-    ctx.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
+    message, fix = mixed_precision_off(f"{req.setting}{built}", _fp32_actual(ctx.state.forwards.total), reason, turn_on)
+    ctx.state.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
                    location=req.location,
                    evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
-                             "forwards": ctx.forwards.total, "autocast_regions": 0, "model_device": device,
+                             "forwards": ctx.state.forwards.total, "autocast_regions": 0, "model_device": device,
                              "requested": req.dtype, "ran": "fp32"})
 
 
@@ -299,7 +299,7 @@ def _framework_other_dtype(ctx: Context) -> None:
     """A framework setting asks for one low precision and the forwards autocast to the other: Lightning's
     ``Trainer(precision='16-mixed')`` on a CPU runs bf16."""
     ran = _low_dtypes(ctx)
-    req = next((r for r in ctx.frameworks.requests if ran and r.dtype not in ran), None)
+    req = next((r for r in ctx.state.frameworks.requests if ran and r.dtype not in ran), None)
     if req is None:
         return
     regions = sum(r.entered for r in ctx.autocast.requests.values() if r.effective)
@@ -309,8 +309,8 @@ def _framework_other_dtype(ctx: Context) -> None:
     actual = (f"the forwards ran under {'/'.join(ran)} autocast ({regions} region(s)): the model trained in "
               f"{'/'.join(ran)} mixed precision, with {'/'.join(ran)}'s precision and range instead of {req.dtype}'s")
     message, fix = mixed_precision_off(f"{req.setting}{built}", actual, reason, turn_on, dtype=req.dtype)
-    ctx.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
+    ctx.state.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
                    location=req.location,
                    evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
-                             "forwards": ctx.forwards.total, "autocast_regions": regions, "requested": req.dtype,
+                             "forwards": ctx.state.forwards.total, "autocast_regions": regions, "requested": req.dtype,
                              "ran": "/".join(ran)})

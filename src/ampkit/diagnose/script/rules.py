@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.perf import fp8_gemm_speed, low_precision_speed
+from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.losstrace import HIDDEN_LOSS_CODE
 from ampkit.diagnose.script.mixed import report_mixed_precision_off, scaler_off_too
 from ampkit.findings import BF16_NEEDS_NO_SCALER, Finding, scale_collapse, scheduler_stepped_on_skip
@@ -21,6 +22,7 @@ from ampkit.thresholds import THRESHOLDS, Outcome, as_borderline
 if TYPE_CHECKING:
     from ampkit.diagnose.script.context import Context
     from ampkit.diagnose.script.services.scalers import ScalerInfo
+    from ampkit.diagnose.script.state import SkipCause
 
 __all__ = ["COLLAPSE_STEADY_FRACTION", "finalize", "slow_low_precision"]
 COLLAPSE_STEADY_FRACTION = THRESHOLDS["SCALE_COLLAPSE"].threshold
@@ -29,10 +31,10 @@ borderline band of ``ampkit.thresholds``; inside it the finding is a borderline 
 
 def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool = True,
              flags: Mapping[str, str] | None = None) -> None:
-    """Evaluate the end-of-run rules into ``ctx.ledger`` (flushes pending reads first); ``flags``:
+    """Evaluate the end-of-run rules into ``ctx.state.ledger`` (flushes pending reads first); ``flags``:
     the script's settings that ask for low precision (``script.mixed.requested_flags``)."""
-    ctx.check_norm_stats()
-    ctx.pending.flush()
+    failures.check_norm_stats(ctx.state)
+    ctx.state.pending.flush()
     _scale_collapse(ctx)
     _boundary_overflow(ctx)
     _scheduler_on_skip(ctx)
@@ -45,7 +47,7 @@ def finalize(ctx: Context, *, intended: str | None = None, measure_speed: bool =
     ctx.finish()
 
 
-def _collapsed(info: ScalerInfo, skips: dict[int, str], iterations: int) -> tuple[Outcome, str, float | None]:
+def _collapsed(info: ScalerInfo, skips: Mapping[int, str], iterations: int) -> tuple[Outcome, str, float | None]:
     """(outcome, why, the late skip share when that decided) for one scaler."""
     scales = [s for _, s in info.scales]
     if scales and min(scales) < 1.0:
@@ -61,50 +63,50 @@ def _collapsed(info: ScalerInfo, skips: dict[int, str], iterations: int) -> tupl
 
 
 def _scale_collapse(ctx: Context) -> None:
-    if not ctx.skips:
+    if not ctx.state.skips:
         return
     rule = THRESHOLDS["SCALE_COLLAPSE"]
-    for info in ctx.scalers.enabled_infos():
-        outcome, why, share = _collapsed(info, ctx.skips, ctx.steps)
+    for info in ctx.state.scalers.enabled_infos():
+        outcome, why, share = _collapsed(info, ctx.state.skips, ctx.state.steps)
         if outcome == "clear":
             continue
-        causes: dict[str, int] = {}
-        for cause in ctx.skips.values():
-            cause = ctx.cause_of.get(cause, cause)
+        causes: dict[SkipCause, int] = {}
+        for cause in ctx.state.skips.values():
+            cause = ctx.state.cause_of.get(cause, cause)
             causes[cause] = causes.get(cause, 0) + 1
         cause = max(causes, key=lambda c: causes[c])
         message, fix = scale_collapse(
-            cause, f"the {info.label} (created at {info.location}) skipped {len(ctx.skips)} of {ctx.steps} "
+            cause, f"the {info.label} (created at {info.location}) skipped {len(ctx.state.skips)} of {ctx.state.steps} "
             f"steps: {why}", f" ({causes[cause]} of the skipped steps)")
         scales = [s for _, s in info.scales]
         evidence = {
-            "cause": cause, "causes": causes, "skipped_steps": len(ctx.skips), "steps": ctx.steps,
+            "cause": cause, "causes": causes, "skipped_steps": len(ctx.state.skips), "steps": ctx.state.steps,
             "init_scale": info.init_scale, "min_scale": min(scales) if scales else None,
-            "final_scale": scales[-1] if scales else None, "first_skips": sorted(ctx.skips)[:16],
+            "final_scale": scales[-1] if scales else None, "first_skips": sorted(ctx.state.skips)[:16],
         }
         finding = Finding(code="SCALE_COLLAPSE", severity="error", message=message, fix=fix,
-                          location=info.location, step=min(ctx.skips),
+                          location=info.location, step=min(ctx.state.skips),
                           evidence=evidence if share is None else {**evidence, "judgement": rule.evidence(share)})
         if outcome == "borderline" and share is not None:
             finding = as_borderline(finding, rule, share)
-        ctx.ledger.add("SCALE_COLLAPSE", key=info.location, message=finding.message, fix=finding.fix,
+        ctx.state.ledger.add("SCALE_COLLAPSE", key=info.location, message=finding.message, fix=finding.fix,
                        severity=finding.severity, location=finding.location, step=finding.step,
                        evidence=finding.evidence)
 
 
 def _boundary_overflow(ctx: Context) -> None:
     """Skipped steps whose gradient was already non-finite where it entered a model's output."""
-    hits = ctx.boundary_overflows
-    if not hits or ctx.ledger.has("BACKWARD_OVERFLOW", key="loss-code-backward") or any(
-            ctx.ledger.has(code, key=HIDDEN_LOSS_CODE) for code in ("FORWARD_OVERFLOW", "FORWARD_NAN")):
+    hits = ctx.state.boundary_overflows
+    if not hits or ctx.state.ledger.has("BACKWARD_OVERFLOW", key="loss-code-backward") or any(
+            ctx.state.ledger.has(code, key=HIDDEN_LOSS_CODE) for code in ("FORWARD_OVERFLOW", "FORWARD_NAN")):
         return  # the loss-side backward trace named the op (``script.lossgrad``), or its tape the forward op
         # whose hidden inf/NaN the backward met (``script.losstrace``)
     # Recovered: some step after the first hit was applied.  Without that (every later step skipped, a
     # run too short for SCALE_COLLAPSE's window) the overflow cannot be called ordinary.
-    recovered = any(step not in ctx.skips for step in range(hits[0] + 1, ctx.steps + 1))
-    collapsed = ctx.ledger.has("SCALE_COLLAPSE", acting=True) or not recovered
-    label = ctx.locations.get("boundary_model")
-    ctx.ledger.add(
+    recovered = any(step not in ctx.state.skips for step in range(hits[0] + 1, ctx.state.steps + 1))
+    collapsed = ctx.state.ledger.has("SCALE_COLLAPSE", acting=True) or not recovered
+    label = ctx.state.locations.get("boundary_model")
+    ctx.state.ledger.add(
         "BACKWARD_OVERFLOW", key="boundary", severity="error" if collapsed else "info",
         message=(f"on {len(hits)} skipped step(s) (first: {hits[0]}) the gradient was already inf/NaN where it "
                  f"reached the output of {label}: the overflow happened in the code between the model and the loss "
@@ -114,29 +116,29 @@ def _boundary_overflow(ctx: Context) -> None:
         fix=("compute what follows the model in fp32: call .float() on the model output before the loss and any "
              "normalisation/temperature scaling" if collapsed else
              "nothing to change if it happens only while the scale settles"),
-        location=ctx.locations.get("boundary_overflow"), step=hits[0], evidence={"steps": hits[:32]},
+        location=ctx.state.locations.get("boundary_overflow"), step=hits[0], evidence={"steps": hits[:32]},
     )
 
 
 def _scheduler_on_skip(ctx: Context) -> None:
     hits = ctx.optim.sched_on_skip
-    if not hits or ctx.optim.scheduler_steps < 0.5 * max(1, ctx.steps):
+    if not hits or ctx.optim.scheduler_steps < 0.5 * max(1, ctx.state.steps):
         return  # an epoch-level scheduler after a skipped last step is not worth a warning
-    location = ctx.locations.get("scheduler_step")
+    location = ctx.state.locations.get("scheduler_step")
     message, fix = scheduler_stepped_on_skip(len(hits), hits[0])
-    ctx.ledger.add(
+    ctx.state.ledger.add(
         "SCHEDULER_STEPPED_ON_SKIP", key=location, message=message, fix=fix,
         location=location, step=hits[0], evidence={"skipped_scheduler_steps": len(hits), "steps": hits[:32]},
     )
 
 
 def _autocast_inactive(ctx: Context, intended: str | None) -> None:
-    f = ctx.forwards
+    f = ctx.state.forwards
     for req in ctx.autocast.requests.values():
         if req.requested and not req.effective:
             why = ("CUDA is not available on this machine" if req.device_type == "cuda"
                    else f"{dtype_name(req.dtype)} is not an autocast dtype for {req.device_type}")
-            ctx.ledger.add(
+            ctx.state.ledger.add(
                 "AUTOCAST_INACTIVE", key=("disabled", req.location),
                 message=(f"torch.autocast(device_type={req.device_type!r}, dtype={dtype_name(req.dtype)}) at "
                          f"{req.location} was disabled by torch because {why}: the forward ran in fp32"
@@ -148,7 +150,7 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
     for (other, dev), n in f.wrong_device.items():
         loc = next((r.location for r in ctx.autocast.requests.values() if r.device_type == other and r.effective),
                    None)
-        ctx.ledger.add(
+        ctx.state.ledger.add(
             "AUTOCAST_INACTIVE", key=("device", other, dev),
             message=(f"autocast was enabled for device_type={other!r} but the model runs on {dev!r}: autocast "
                      f"only casts ops of its own device type, so {n} forward(s) ran in fp32"),
@@ -159,7 +161,7 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
     for thread, (n, other, where, line) in f.outside_threads.items():
         if thread in f.autocast_threads:
             continue  # this thread enters autocast itself; these were its fp32 forwards (evaluation, ...)
-        ctx.ledger.add(
+        ctx.state.ledger.add(
             "AUTOCAST_INACTIVE", key=("thread", thread),
             message=(f"{n} forward(s) ran in thread {thread!r} in fp32 while thread {other!r} was inside "
                      f"torch.autocast (entered at {where}): autocast is thread-local, so work handed to "
@@ -170,10 +172,10 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
             location=line, evidence={"thread": thread, "autocast_thread": other, "forwards": n},
         )
     used_autocast = sum(f.autocast.values()) > 0 or sum(f.half_params.values()) > 0
-    scalers = [info for info in ctx.scalers.enabled_infos() if info.used]
-    if scalers and f.total and not used_autocast and not ctx.ledger.has("AUTOCAST_INACTIVE"):
+    scalers = [info for info in ctx.state.scalers.enabled_infos() if info.used]
+    if scalers and f.total and not used_autocast and not ctx.state.ledger.has("AUTOCAST_INACTIVE"):
         info = scalers[0]
-        ctx.ledger.add(
+        ctx.state.ledger.add(
             "AUTOCAST_INACTIVE", key="scaler_without_autocast",
             message=(f"a GradScaler (created at {info.location}) scales the loss, but none of the {f.total} "
                      "forward passes ran under autocast: the model trains in fp32 and pays for loss scaling "
@@ -182,8 +184,8 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
                 "(check its `enabled=` argument), or drop the GradScaler for fp32 training",
             location=info.location, evidence={"forwards": f.total},
         )
-    if intended and f.total and not used_autocast and not ctx.ledger.has("AUTOCAST_INACTIVE"):
-        ctx.ledger.add(
+    if intended and f.total and not used_autocast and not ctx.state.ledger.has("AUTOCAST_INACTIVE"):
+        ctx.state.ledger.add(
             "AUTOCAST_INACTIVE", key="intended", severity="info",
             message=(f"--precision {intended} was asked for, but no forward of the script ran under autocast "
                      "(it trains in fp32); the op-level findings show what that precision would do"),
@@ -192,9 +194,9 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
 
 
 def _scaler_with_bf16(ctx: Context) -> None:
-    for info in ctx.scalers.enabled_infos():
+    for info in ctx.state.scalers.enabled_infos():
         if info.saw_bf16 and not info.saw_fp16:
-            ctx.ledger.add(
+            ctx.state.ledger.add(
                 "SCALER_WITH_BF16", key=info.location,
                 message=(f"a GradScaler (created at {info.location}) scales a loss computed under bf16 autocast: "
                          f"{BF16_NEEDS_NO_SCALER}"),
@@ -205,8 +207,8 @@ def _scaler_with_bf16(ctx: Context) -> None:
 
 
 def _norm_stats(ctx: Context) -> None:
-    for name, (it, count, after_skip) in ctx.norm_bad.items():
-        ctx.ledger.add(
+    for name, (it, count, after_skip) in ctx.state.norm_bad.items():
+        ctx.state.ledger.add(
             "NORM_STATS_NONFINITE", key=name, module=name,
             message=(f"the running statistics of {name} hold {count} non-finite values (first seen at step {it}"
                      f"{', right after a skipped step' if after_skip else ''}): every eval-mode forward through "
@@ -232,17 +234,17 @@ def slow_fp8_gemm(device: str) -> Finding | None:
 
 
 def _slow_low_precision(ctx: Context) -> None:
-    last = ctx.models.last
+    last = ctx.state.models.last
     if last is not None and fp8_layer_names(last.root):  # fp8 layers: their GEMMs are timed against bf16
         finding = slow_fp8_gemm(str(last.device))
         if finding is not None:
-            ctx.ledger.add(finding.code, key=(str(last.device), "fp8"), message=finding.message, fix=finding.fix,
+            ctx.state.ledger.add(finding.code, key=(str(last.device), "fp8"), message=finding.message, fix=finding.fix,
                            severity=finding.severity, evidence=finding.evidence)
-    f = ctx.forwards
+    f = ctx.state.forwards
     used = {d for d, n in (f.autocast + f.half_params).items() if n and d in LOW_PRECISION_DTYPES}
     for device in sorted(f.devices):
         for dtype in sorted(used, key=str):
             finding = slow_low_precision(dtype_name(dtype), device)
             if finding is not None:
-                ctx.ledger.add(finding.code, key=(device, dtype), message=finding.message, fix=finding.fix,
+                ctx.state.ledger.add(finding.code, key=(device, dtype), message=finding.message, fix=finding.fix,
                                severity=finding.severity, evidence=finding.evidence)

@@ -36,6 +36,7 @@ from ampkit._util.frames import UserFrames
 from ampkit._util.heartbeat import Heartbeat
 from ampkit.diagnose.capture import Capture
 from ampkit.diagnose.replay import replay, replay_precision
+from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.checkup import (
     checkup_failed,
     checkup_ran,
@@ -43,17 +44,15 @@ from ampkit.diagnose.script.checkup import (
     checkup_skipped_reason,
 )
 from ampkit.diagnose.script.compiled import compare_last_step
-from ampkit.diagnose.script.context import Context, Failure
+from ampkit.diagnose.script.context import Context
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
 from ampkit.diagnose.script.errors import explain_exception
-from ampkit.diagnose.script.lossgrad import loss_grad_text
-from ampkit.diagnose.script.losstrace import LossSideTrace, loss_code_text
 from ampkit.diagnose.script.mixed import mixed_precision_record, requested_flags
 from ampkit.diagnose.script.models import ModelWatch
 from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.rules import finalize
-from ampkit.diagnose.script.state import Sampler
+from ampkit.diagnose.script.state import Failure, FailureCause, Sampler
 from ampkit.diagnose.script.target import defined_tasks, require_module
 from ampkit.diagnose.script.tracebacks import print_user_traceback
 from ampkit.diagnose.step.result import DiagnosisResult
@@ -90,9 +89,9 @@ class _Runner:
         self.diagnoses: list[DiagnosisResult] = []
         self.replays: list[dict[str, Any]] = []
         self.explained: list[Finding] = []
-        self._causes: dict[str, int] = {}
+        self._causes: dict[FailureCause, int] = {}
         self._replayed_roots: list[torch.nn.Module] = []
-        self._settled: set[str] = set()
+        self._settled: set[FailureCause] = set()
         self._replay_lock = threading.RLock()
         self.heartbeat = Heartbeat("ampkit doctor", every_s=heartbeat_s)
         self.checkup_record: dict[str, Any] = {}
@@ -104,7 +103,7 @@ class _Runner:
             return None
         # One replay at a time: replays of failures in two training threads would restore the RNG
         # and patch autocast under each other.
-        with self._replay_lock, self.ctx.pause():
+        with self._replay_lock, self.ctx.state.pause():
             try:
                 how = replay_precision(cap, self.intended)
                 result = None if how is None else replay(cap, how[0], autocast=how[1], step=step, bisect=self.bisect,
@@ -140,10 +139,10 @@ class _Runner:
         if result is not None and failure.cause in ("gradient_overflow", "nonfinite_loss"):
             codes = {f.code for f in result.findings if f.severity == "error"}
             if codes & {"FORWARD_OVERFLOW", "FORWARD_NAN", "CAST_OVERFLOW"}:
-                self.ctx.reclassify(failure.step, "nonfinite_loss" if failure.cause == "nonfinite_loss"
-                                    else "nonfinite_forward")
+                failures.reclassify(self.ctx.state, failure.step, "nonfinite_loss"
+                                    if failure.cause == "nonfinite_loss" else "nonfinite_forward")
             elif any(f.code == "BACKWARD_OVERFLOW" and "singularity" in f.evidence for f in result.findings):
-                self.ctx.reclassify(failure.step, "gradient_singularity")
+                failures.reclassify(self.ctx.state, failure.step, "gradient_singularity")
         if failure.cause != "gradient_overflow" or (result is not None and result.has_errors):
             self._settled.add(failure.cause)
 
@@ -166,10 +165,10 @@ class _Runner:
             # (a frozen teacher's, before the student that reads it).
             bad = next((c for c in caps if not c.outputs_finite()), None)
             if bad is None:
-                self._loss_code_nonfinite(caps[-1], failure)
+                failures.loss_code_nonfinite(self.ctx.state, caps[-1], failure)
             return bad
         if failure.cause == "gradient_overflow":
-            if self.ctx.hidden_loss_code(self.ctx.models.label(caps[-1].root), failure):
+            if failures.hidden_loss_code(self.ctx.state, self.ctx.state.models.label(caps[-1].root), failure):
                 return None
             ok = [c for c in reversed(caps) if c.outputs_finite() and c.grads_finite() is not False]
             if ok:
@@ -177,58 +176,9 @@ class _Runner:
             masked = next((c for c in reversed(caps) if not c.outputs_finite()), None)
             if masked is not None:
                 return masked  # its forward went non-finite where the loss does not look (masked positions)
-            self._boundary_overflow(caps[-1], failure)
+            failures.boundary_overflow(self.ctx.state, caps[-1], failure)
             return None
         return None
-
-    def _loss_code_nonfinite(self, cap: Capture, failure: Failure) -> None:
-        """The loss went non-finite although the model's outputs were finite: the failing iteration's own
-        loss-side calls (its tape, ``script.losstrace.LossSideTape``) name the op between the model and the
-        loss that made the first bad value; without a tape the next iteration is traced; without either (the
-        next loss was finite, or no iteration followed) the finding says where."""
-        label = self.ctx.models.label(cap.root)
-        loss = cap.loss
-        nan = loss is not None and bool(torch.isnan(loss).any())
-        became = "NaN" if nan else "inf"
-        if self.ctx.taped_loss_code(label, became, failure.step):
-            return
-
-        def report(trace: LossSideTrace | None) -> None:
-            first = trace.first if trace is not None else None
-            if first is None:
-                self.ctx.ledger.add(
-                    "FORWARD_NAN" if nan else "FORWARD_OVERFLOW", key=("loss-code", label),
-                    message=(f"the loss became {became} at step {failure.step} although the outputs of {label} "
-                             "were finite: the op that produced it runs between the model and the loss (the loss "
-                             "function or a post-processing step), in low precision"),
-                    fix="compute the loss from fp32 values: `loss_fn(output.float(), target)`, and guard "
-                        "log/div/exp against zero and huge inputs",
-                    location=cap.location, step=failure.step)
-                return
-            self.ctx.ledger.add(
-                "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", key=("loss-code", label), op=first.op,
-                step=failure.step, location=first.location, **loss_code_text(first, label, became, failure.step))
-
-        self.ctx.arm_loss_trace(report)
-
-    def _boundary_overflow(self, cap: Capture, failure: Failure) -> None:
-        """The gradient was non-finite where it reached the model's outputs: the backward of the code
-        between the model and the loss overflowed.  The next iteration's loss-side ops are followed
-        into their backward (``script.lossgrad``) to name the op."""
-        label = self.ctx.models.label(cap.root)
-        self.ctx.boundary_overflows.append(failure.step)
-        self.ctx.note_location("boundary_overflow", cap.location)
-        self.ctx.note_location("boundary_model", label)
-        if len(self.ctx.boundary_overflows) > 1:
-            return
-
-        def report(trace: LossSideTrace | None) -> None:
-            bad = trace.grads.judge() if trace is not None and trace.grads is not None else None
-            if bad is not None:
-                self.ctx.ledger.add("BACKWARD_OVERFLOW", key="loss-code-backward", op=bad.op, step=failure.step,
-                                    location=bad.location, **loss_grad_text(bad, label, failure.step))
-
-        self.ctx.arm_loss_trace(report, grads_at_scale=float(cap.scale) if cap.scale is not None else 1.0)
 
     # -- the run -------------------------------------------------------------------------------
     @contextmanager
@@ -288,30 +238,31 @@ class _Runner:
         (seconds of work the user just asked to stop); in a child the script forked, nothing (the
         parent reports the run: ``watchers.fork``)."""
         script = str(self.path) if self.path else f"-m {self.target}"
+        state = self.ctx.state
         if self.ctx.forks.child:
             return ScriptReport(script=script, argv=self.args, findings=[], exit_status=status, ended=ended,
                                 forked_child=True)
         if ended in SIGNAL_EXIT_STATUS:
-            print(f"ampkit doctor: {ended.upper()} at step {self.ctx.step}; reporting the findings so far",
+            print(f"ampkit doctor: {ended.upper()} at step {state.step}; reporting the findings so far",
                   file=sys.stderr)
         if crash is not None:
             self._explain(crash)
         flags = requested_flags(self._globals)
-        with self.heartbeat.phase(f"the script ended after {self.ctx.steps} optimizer step(s); analysing the run"):
+        with self.heartbeat.phase(f"the script ended after {state.steps} optimizer step(s); analysing the run"):
             finalize(self.ctx, intended=self.intended, measure_speed=self.measure_speed, flags=flags)
             self._checkup(ended)
             comparison, diverged = compare_last_step(self.ctx,
                                                      self.compare_compiled and ended not in SIGNAL_EXIT_STATUS)
-        models = self.ctx.models
+        models = state.models
         replayed = [_in_model(f, root, models) for d, root in zip(self.diagnoses, self._replayed_roots)
                     for f in d.findings]
-        process = self.ctx.ledger.findings() + self.explained + diverged
+        process = state.ledger.findings() + self.explained + diverged
         findings = self.ctx.casts.annotate(_with_verified_fix(merge_replayed_findings(process, replayed),
                                                               self.diagnoses), models)
         return ScriptReport(
             script=script, argv=self.args, findings=findings,
-            diagnoses=self.diagnoses, exit_status=status, steps=self.ctx.steps, replays=self.replays,
-            device=str(self.ctx.models.last.device) if self.ctx.models.last is not None else None,
+            diagnoses=self.diagnoses, exit_status=status, steps=state.steps, replays=self.replays,
+            device=str(models.last.device) if models.last is not None else None,
             scalers=self._scaler_summary(), ended=ended, tasks=defined_tasks(self._globals),
             mixed_precision=mixed_precision_record(self.ctx, flags, self.intended),
             compiled=[c.to_dict() for c in self.ctx.compiles.calls],
@@ -322,11 +273,12 @@ class _Runner:
     def _checkup(self, ended: str | None) -> None:
         """Replay the last captured forward against fp32 when no replay found an error, and record
         whether that happened (``ScriptReport.checkup``): a checkup that could not run must say so."""
-        last = self.ctx.models.last
+        state = self.ctx.state
+        last = state.models.last
         reason = checkup_skipped_reason(
             enabled=self.checkup and self.replay, signal=ended if ended in SIGNAL_EXIT_STATUS else None,
             errors=any(d.has_errors for d in self.diagnoses), observed=last is not None,
-            corrupted_at=self.ctx.corrupted_by[2] if self.ctx.corrupted_by is not None else None)
+            corrupted_at=state.corrupted_by[2] if state.corrupted_by is not None else None)
         if reason is not None or last is None:
             self.checkup_record = checkup_skipped(reason or "", last.step if last is not None else None)
             return
@@ -339,19 +291,20 @@ class _Runner:
                 "--precision bf16 or fp16 to check what that precision would do", last.step)
 
     def _scaler_summary(self) -> list[dict[str, Any]]:
-        out = []
-        for info in self.ctx.scalers.enabled_infos():
+        out, skips = [], self.ctx.state.skips
+        for info in self.ctx.state.scalers.enabled_infos():
             scales = [s for _, s in info.scales]
             out.append({"created_at": info.location, "init_scale": info.init_scale, "updates": len(scales),
                         "final_scale": scales[-1] if scales else None, "min_scale": min(scales) if scales else None,
-                        "skipped_steps": sorted(self.ctx.skips)[:64], "skipped": len(self.ctx.skips)})
+                        "skipped_steps": sorted(skips)[:64], "skipped": len(skips)})
         return out
 
     def _explain(self, exc: BaseException) -> None:
-        names = self.ctx.models.named_modules()
-        explained = bool(getattr(exc, "_ampkit_explained", False))
+        state = self.ctx.state
+        explained = exc is state.explained
         if not explained:
-            finding = explain_exception(exc, self.code, names, step=self.ctx.step, models=self.ctx.models)
+            finding = explain_exception(exc, self.code, state.models.named_modules(), step=state.step,
+                                        models=state.models)
             if finding is not None:
                 self.explained.append(finding)
                 explained = True
@@ -360,9 +313,9 @@ class _Runner:
         if explained:
             print(f"ampkit doctor: the script raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                   " (explained below)", file=sys.stderr)
-            last = self.ctx.models.last
+            last = state.models.last
             if last is not None and _raised_inside(exc.__traceback__, last.root):
-                self._replay(last, "exception", self.ctx.step)
+                self._replay(last, "exception", state.step)
 
 
 def _in_model(f: Finding, root: Any, models: ModelWatch) -> Finding:

@@ -29,8 +29,8 @@ def test_doctor_observers_see_the_deprecated_autocast_classes() -> None:
                 opt.zero_grad()
 
     ctx = observe(loop)
-    assert ctx.forwards.autocast[torch.bfloat16] == 2
-    assert [f.code for f in ctx.ledger.findings()] == ["STALE_WEIGHT_CACHE"]
+    assert ctx.state.forwards.autocast[torch.bfloat16] == 2
+    assert [f.code for f in ctx.state.ledger.findings()] == ["STALE_WEIGHT_CACHE"]
 
 
 def test_doctor_observers_autocast_records_objects_built_but_never_entered() -> None:
@@ -51,7 +51,7 @@ def test_doctor_observers_autocast_records_objects_built_but_never_entered() -> 
 def test_autocast_watch_alone_reports_a_forward_after_a_step_inside_its_region() -> None:
     model = nn.Linear(4, 2)
     with watching(AutocastWatch) as w:
-        regions = w.services.regions
+        regions = w.state.regions
         opened = sys._getframe().f_lineno + 1
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert regions.depth == 1 and regions.region_location == f"{HERE}:{opened}"

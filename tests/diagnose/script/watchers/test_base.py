@@ -1,15 +1,12 @@
-"""The watcher contract: one registry, services by constructor parameter, @override on every override."""
+"""The watcher contract: the Context builds each watcher once, on the run state; @override on every override."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import sys
-import typing
 from pathlib import Path
 
-import pytest
 import torch
 from typing_extensions import override
 
@@ -17,46 +14,38 @@ import ampkit.diagnose.script as script_package
 from ampkit._util.frames import UserFrames
 from ampkit.diagnose.script.context import Context
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services import Services
-from ampkit.diagnose.script.watchers import WATCHERS, Watcher
 from ampkit.diagnose.script.watchers.autocast import AutocastWatch
-from ampkit.diagnose.script.watchers.base import dispatch_backward
-from diagnose.script.watchers.alone import services
+from ampkit.diagnose.script.watchers.base import Watcher, dispatch_backward
+from diagnose.script.watchers.alone import run_state
 
 SCRIPT = Path(script_package.__file__).parent
 WATCHER_METHODS = [name for name, _ in inspect.getmembers(Watcher, inspect.isfunction) if not name.startswith("_")]
 
 
-def test_watchers_registry_holds_every_watcher_once() -> None:
+def _built() -> list[type[Watcher]]:
+    return [type(w) for w in Context(UserFrames([Path(__file__).parent])).watchers]
+
+
+def test_context_builds_every_watcher_once() -> None:
     defined = {cls for cls in _subclasses(Watcher)  # the module-level classes of src/, not those of tests
                if cls.__module__.startswith("ampkit.") and getattr(sys.modules[cls.__module__], cls.__name__, None) is cls}
-    assert len(WATCHERS) == len(set(WATCHERS)) and set(WATCHERS) == defined, "register each in watchers.WATCHERS"
+    built = _built()
+    assert len(built) == len(set(built)) and set(built) == defined, "build each in Context.__init__'s list"
 
 
 def test_watchers_mark_every_override() -> None:
     assert WATCHER_METHODS == ["after_backward", "before_backward", "finish", "install", "on_root_forward"]
-    missing = [f"{cls.__qualname__}.{name}" for cls in WATCHERS for name in WATCHER_METHODS
+    missing = [f"{cls.__qualname__}.{name}" for cls in _built() for name in WATCHER_METHODS
                if name in vars(cls) and not getattr(vars(cls)[name], "__override__", False)]
     assert missing == [], f"put @override (typing_extensions) on: {missing}"
 
 
-@pytest.mark.parametrize("cls", WATCHERS, ids=lambda c: c.__name__)
-def test_watchers_ask_for_services_by_name_and_type(cls: type[Watcher]) -> None:
-    fields = typing.get_type_hints(Services)
-    asked = {name: hint for name, hint in typing.get_type_hints(cls.__init__).items() if name != "return"}
-    assert asked and {name: fields.get(name) for name in asked} == asked
-    built, _ = services()
-    assert isinstance(cls(**built.arguments(cls)), cls)
-
-
 def test_watcher_modules_import_no_other_watcher() -> None:
-    """What two watchers share is a service: a watcher module imports ``watchers.base`` at most; services,
-    the state and the models service import no watcher."""
+    """What two watchers share is a field of the run state: a watcher module imports ``watchers.base`` at most;
+    services, the state, the failures and the models service import no watcher."""
     offenders = []
-    below = [*(SCRIPT / "services").glob("*.py"), SCRIPT / "state.py", SCRIPT / "models.py"]
+    below = [*(SCRIPT / "services").glob("*.py"), SCRIPT / "state.py", SCRIPT / "failures.py", SCRIPT / "models.py"]
     for path in [*(SCRIPT / "watchers").glob("*.py"), *below]:
-        if path.name == "__init__.py" and path.parent.name == "watchers":
-            continue  # the registry
         for node in ast.walk(ast.parse(path.read_text())):
             module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
             if module.startswith("ampkit.diagnose.script.watchers") and (
@@ -65,31 +54,10 @@ def test_watcher_modules_import_no_other_watcher() -> None:
     assert offenders == []
 
 
-def test_services_refuse_a_constructor_parameter_that_is_no_service() -> None:
-    class NeedsAWatcher(Watcher):
-        def __init__(self, state: object, *, autocast: AutocastWatch) -> None:
-            self.autocast = autocast
-
-    built, _ = services()
-    with pytest.raises(TypeError, match=r"NeedsAWatcher\(\) asks for autocast, which is no service.*by these names: "
-                                        r"casts, frameworks, optimizers, regions, scalers, state"):
-        built.arguments(NeedsAWatcher)
-    assert [f.name for f in dataclasses.fields(Services)] == ["state", "optimizers", "scalers", "regions", "casts",
-                                                                "frameworks"]
-
-
-def test_context_builds_one_watcher_of_each_and_calls_only_overrides_on_forward() -> None:
+def test_context_calls_only_overrides_on_forward() -> None:
     ctx = Context(UserFrames([Path(__file__).parent]))
-    assert [type(w) for w in ctx.watchers] == list(WATCHERS)
-    assert ctx.autocast is ctx.watcher(AutocastWatch) and ctx.scalers is ctx.services.scalers
     assert [type(w) for w in ctx._forward_watchers] == [AutocastWatch]
-
-    class Unregistered(Watcher):
-        @override
-        def finish(self) -> None: ...
-
-    with pytest.raises(LookupError, match="register it in watchers.WATCHERS"):
-        ctx.watcher(Unregistered)
+    assert ctx.autocast in ctx.watchers and all(w.state is ctx.state for w in ctx.watchers)
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -125,18 +93,18 @@ def test_watchers_share_one_backward_wrapper_that_calls_them_in_order() -> None:
         def before_backward(self, tensors: list[torch.Tensor]) -> None:
             calls.append(("second.before", len(tensors)))
 
-    built, _ = services()
+    state = run_state()
     patches = PatchSet()
     original = torch.autograd.backward
-    dispatch_backward([First(), Watcher(), Second()], built.state, patches)
+    dispatch_backward([First(state), Watcher(state), Second(state)], state, patches)
     try:
         x = torch.ones(2, requires_grad=True)
         (x * 2).sum().backward()
         torch.autograd.backward([(x * 3).sum(), (x * 5).sum()])
-        built.state.models.paused = True
+        state.models.paused = True
         (x * 4).sum().backward()
     finally:
-        built.state.models.paused = False
+        state.models.paused = False
         patches.restore()
     assert torch.autograd.backward is original
     assert calls == [("first.before", 1), ("second.before", 1), ("first.after", 1),

@@ -24,7 +24,7 @@ def _here(fn: object, offset: int) -> str:
 
 
 def _low_params(ctx: object) -> list:
-    return [f for f in ctx.ledger.findings() if f.code == "LOW_PRECISION_PARAMS"]  # type: ignore[attr-defined]
+    return [f for f in ctx.state.ledger.findings() if f.code == "LOW_PRECISION_PARAMS"]  # type: ignore[attr-defined]
 
 
 def test_low_precision_params_names_the_half_call_and_fixes_it_there() -> None:
@@ -147,7 +147,7 @@ def test_cast_watch_alone_records_where_parameters_became_low_precision() -> Non
         line = sys._getframe().f_lineno + 1
         model.to(torch.bfloat16)
         kept.double()  # not fp16/bf16: no site
-    site = w.services.casts.origin(model.parameters())
+    site = w.state.casts.origin(model.parameters())
     assert site is not None and (site.how, site.dtype, site.kind, site.location) == (
         ".to(torch.bfloat16)", "bf16", "cast", f"{HERE}:{line}")
-    assert w.services.casts.origin(kept.parameters()) is None and len(w.services.casts) == 2
+    assert w.state.casts.origin(kept.parameters()) is None and len(w.state.casts) == 2

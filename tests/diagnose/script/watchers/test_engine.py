@@ -52,9 +52,9 @@ def test_engine_watch_attaches_one_doctor_hook_first_and_removes_the_patch() -> 
 
 def test_engine_watch_skipped_steps_count_as_iterations_and_collapse_the_scale() -> None:
     ctx = observe(lambda: _train(20, overflow=True))
-    assert ctx.iteration == 20  # a skipped non-fused step never calls optimizer.step()
-    assert sorted(ctx.skips) == list(range(1, 21))  # steps, counted from 1
-    collapse = [f for f in ctx.ledger.findings() if f.code == "SCALE_COLLAPSE"]
+    assert ctx.state.iteration == 20  # a skipped non-fused step never calls optimizer.step()
+    assert sorted(ctx.state.skips) == list(range(1, 21))  # steps, counted from 1
+    collapse = [f for f in ctx.state.ledger.findings() if f.code == "SCALE_COLLAPSE"]
     assert len(collapse) == 1 and "ampkit.MixedPrecision" in collapse[0].message
     assert collapse[0].evidence["init_scale"] == 65536.0 and collapse[0].evidence["min_scale"] < 1.0
 
@@ -62,9 +62,9 @@ def test_engine_watch_skipped_steps_count_as_iterations_and_collapse_the_scale()
 def test_engine_watch_clip_between_backward_and_step_is_clip_before_unscale() -> None:
     bad = observe(lambda: _train(2, clip="before"))
     good = observe(lambda: _train(2))
-    assert [f.code for f in bad.ledger.findings()] == ["CLIP_BEFORE_UNSCALE"]
-    assert "clip_grad_norm=" in bad.ledger.findings()[0].fix
-    assert good.ledger.findings() == [] and good.skips == {} and good.iteration == 2
+    assert [f.code for f in bad.state.ledger.findings()] == ["CLIP_BEFORE_UNSCALE"]
+    assert "clip_grad_norm=" in bad.state.ledger.findings()[0].fix
+    assert good.state.ledger.findings() == [] and good.state.skips == {} and good.state.iteration == 2
 
 
 class _ClipAfterUnscale(EngineHook):
@@ -77,17 +77,17 @@ class _ClipAfterUnscale(EngineHook):
 
 def test_engine_watch_clip_in_a_hook_after_the_unscale_is_clean() -> None:
     ctx = observe(lambda: _train(2, hooks=[_ClipAfterUnscale()]))
-    assert ctx.ledger.findings() == []
+    assert ctx.state.ledger.findings() == []
 
 
-def test_engine_watch_alone_feeds_the_scaler_registry_and_signals_each_step() -> None:
+def test_engine_watch_alone_feeds_the_scaler_registry_and_ends_each_step() -> None:
     with watching(EngineWatch) as w:
         _train(1)
         _train(1, overflow=True)
         ampkit.MixedPrecision("bf16", device="cpu")  # scales nothing: not watched
-    first, second = w.services.scalers.infos
+    first, second = w.state.scalers.infos
     assert (first.engine, first.built_as, first.used, first.init_scale) == (True, "ampkit.MixedPrecision", 1, 2.0**16)
     assert [s for _, s in first.scales] == [2.0**16] and [s for _, s in second.scales] == [2.0**15]
-    assert w.signals.calls == [("scaler_found", 1, 0.0, True), ("end_iteration",),
-                               ("scaler_found", 1, 1.0, True), ("end_iteration",)]
-    assert len(w.watcher.hooks) == 2 and w.services.scalers.in_step == 0
+    assert w.state.steps == 2 and list(w.state.skips) == [2]
+    assert [(f.kind, f.step) for f in w.failures] == [("skip", 2)]
+    assert len(w.watcher.hooks) == 2 and w.state.scalers.in_step == 0

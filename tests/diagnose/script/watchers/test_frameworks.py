@@ -40,7 +40,7 @@ def test_mixed_precision_off_reports_trainer_fp16_on_cpu_built_inside_a_function
         hf_helpers.trainer(tmp_path, steps=2, fp16=True).train()  # type: ignore[attr-defined]
 
     ctx = observe(main)
-    (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
+    (f,) = [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
     at = f"{Path(__file__).relative_to(Path.cwd())}:{main.__code__.co_firstlineno + 1}"
     assert f.location == at and f.evidence["what"] == "framework"
     assert f.message.startswith(f"TrainingArguments(fp16=True) (built at {at}) asks for mixed precision")
@@ -56,8 +56,8 @@ def test_mixed_precision_off_reports_trainer_fp16_on_cpu_built_inside_a_function
 
 def test_framework_watch_reports_nothing_for_trainer_bf16_on_cpu(hf_helpers: object, tmp_path: Path) -> None:
     ctx = observe(lambda: hf_helpers.trainer(tmp_path, steps=1, bf16=True).train())  # type: ignore[attr-defined]
-    assert [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"] == []
-    assert ctx.frameworks.requests[0].setting == "TrainingArguments(bf16=True)"
+    assert [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"] == []
+    assert ctx.state.frameworks.requests[0].setting == "TrainingArguments(bf16=True)"
 
 
 def test_framework_watch_alone_records_the_training_arguments_that_ask_for_low_precision(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_framework_watch_alone_records_the_training_arguments_that_ask_for_low_p
         line = sys._getframe().f_lineno + 1
         TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], bf16=True)
     at = f"{Path(__file__).relative_to(Path.cwd())}:{line}"
-    assert w.watcher.requests == [FrameworkRequest("TrainingArguments(bf16=True)", "bf16", at, "Trainer")]
+    assert w.state.frameworks.requests == [FrameworkRequest("TrainingArguments(bf16=True)", "bf16", at, "Trainer")]
 
 
 # -- Accelerate ---------------------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def _here(line: int) -> str:
 def test_mixed_precision_off_reports_accelerator_fp16_on_cpu(accelerate_state: None) -> None:
     lines: list[int] = []
     ctx = observe(lambda: lines.append(_accelerate_loop(mixed_precision="fp16")))
-    (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
+    (f,) = [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
     assert f.location == _here(lines[0]) and f.evidence["framework"] == "Accelerate"
     assert f.message.startswith(f"Accelerator(mixed_precision='fp16') (built at {_here(lines[0])}) asks for")
     assert "trained in fp32" in f.message and "mixed_precision='bf16'" in f.fix
@@ -114,8 +114,8 @@ def test_mixed_precision_off_reports_accelerator_fp16_on_cpu(accelerate_state: N
 
 def test_framework_watch_records_accelerate_bf16_on_cpu_without_a_finding(accelerate_state: None) -> None:
     ctx = observe(lambda: _accelerate_loop(mixed_precision="bf16"))
-    assert [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"] == []
-    assert [(r.setting, r.dtype) for r in ctx.frameworks.requests] == [("Accelerator(mixed_precision='bf16')", "bf16")]
+    assert [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"] == []
+    assert [(r.setting, r.dtype) for r in ctx.state.frameworks.requests] == [("Accelerator(mixed_precision='bf16')", "bf16")]
     assert mixed_precision_record(ctx, {})["actual"]["autocast_dtypes"] == ["bf16"]
 
 
@@ -123,7 +123,7 @@ def test_mixed_precision_off_names_the_accelerate_environment_variable(
         accelerate_state: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     ctx = observe(_accelerate_loop)
-    (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
+    (f,) = [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
     assert f.message.startswith("ACCELERATE_MIXED_PRECISION=fp16 in the environment")
     assert "ACCELERATE_MIXED_PRECISION=bf16" in f.fix
     assert f.evidence["setting"].startswith("ACCELERATE_MIXED_PRECISION=fp16")
@@ -137,7 +137,7 @@ def test_mixed_precision_off_names_accelerates_config_file_that_a_direct_run_ign
     monkeypatch.setattr(config_args, "default_config_file", str(config))
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     ctx = observe(_accelerate_loop)
-    (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
+    (f,) = [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
     assert f.message.startswith(f"mixed_precision: bf16 in accelerate's config file {config}, for the Accelerator")
     assert "accelerate launch" in f.message and "ACCELERATE_MIXED_PRECISION=bf16" in f.fix
 
@@ -172,7 +172,7 @@ def _lightning_fit(precision: str | None, half: bool = False) -> None:
 
 def test_mixed_precision_off_reports_lightning_16_mixed_that_ran_bf16_on_cpu() -> None:
     ctx = observe(lambda: _lightning_fit("16-mixed"))
-    (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
+    (f,) = [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
     assert f.message.startswith("Trainer(precision='16-mixed') (built at ")
     assert "asks for fp16 mixed precision" in f.message and "bf16" in f.message.split("What ran:")[1]
     assert f.evidence["framework"] == "Lightning" and f.evidence["requested"] == "fp16" and f.evidence["ran"] == "bf16"
@@ -183,20 +183,20 @@ def test_mixed_precision_off_reports_lightning_16_mixed_taken_from_the_environme
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PL_TRAINER_PRECISION", "16-mixed")  # Lightning's Trainer reads the arguments left out here
     ctx = observe(lambda: _lightning_fit(None))
-    (f,) = [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
+    (f,) = [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"]
     assert f.message.startswith("PL_TRAINER_PRECISION=16-mixed in the environment")
     assert f.evidence["requested"] == "fp16" and f.evidence["ran"] == "bf16"
 
 
 def test_framework_watch_lightning_bf16_mixed_on_cpu_has_no_finding() -> None:
     ctx = observe(lambda: _lightning_fit("bf16-mixed"))
-    assert [f for f in ctx.ledger.findings() if f.code == "MIXED_PRECISION_OFF"] == []
-    assert [(r.setting, r.dtype) for r in ctx.frameworks.requests] == [("Trainer(precision='bf16-mixed')", "bf16")]
+    assert [f for f in ctx.state.ledger.findings() if f.code == "MIXED_PRECISION_OFF"] == []
+    assert [(r.setting, r.dtype) for r in ctx.state.frameworks.requests] == [("Trainer(precision='bf16-mixed')", "bf16")]
 
 
 def test_low_precision_params_fix_under_lightning_names_trainer_precision() -> None:
     ctx = observe(lambda: _lightning_fit(None, half=True))
-    (f,) = [f for f in ctx.ledger.findings() if f.code == "LOW_PRECISION_PARAMS"]
+    (f,) = [f for f in ctx.state.ledger.findings() if f.code == "LOW_PRECISION_PARAMS"]
     assert "Trainer(precision=" in f.fix and "bf16=True" not in f.fix
 
 

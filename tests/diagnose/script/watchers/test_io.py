@@ -46,7 +46,7 @@ def test_doctor_observers_resume_without_scaler_state_is_reported(tmp_path: Path
         scaler.step(opt)
         scaler.update()
 
-    [finding] = [f for f in observe(resume).ledger.findings() if f.code == "CHECKPOINT_MISSING_SCALER"]
+    [finding] = [f for f in observe(resume).state.ledger.findings() if f.code == "CHECKPOINT_MISSING_SCALER"]
     assert "no GradScaler state" in finding.message
     assert finding.location is not None and finding.location.endswith(f":{resume.__code__.co_firstlineno + 1}")
 
@@ -65,10 +65,10 @@ def test_doctor_observers_checkpoint_without_the_state_of_a_scaler_off_here_is_l
             state["scaler"] = scaler.state_dict()
         torch.save(state, tmp_path / "ckpt.pt")
 
-    [latent] = [f for f in observe(lambda: train(False)).ledger.findings() if f.code == "CHECKPOINT_MISSING_SCALER"]
+    [latent] = [f for f in observe(lambda: train(False)).state.ledger.findings() if f.code == "CHECKPOINT_MISSING_SCALER"]
     assert latent.severity == "info" and latent.evidence["latent"] is True
     assert "disabled on this machine (no CUDA device)" in latent.message
-    kept = observe(lambda: train(True)).ledger.findings()
+    kept = observe(lambda: train(True)).state.ledger.findings()
     assert "CHECKPOINT_MISSING_SCALER" not in {f.code for f in kept}
 
 
@@ -76,7 +76,7 @@ def test_checkpoint_watch_alone_reports_a_resumable_checkpoint_without_the_scale
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with watching(CheckpointWatch) as w:
-        w.services.scalers.info(torch.amp.GradScaler("cpu"))  # as the scaler watcher registers one
+        w.state.scalers.info(torch.amp.GradScaler("cpu"))  # as the scaler watcher registers one
         torch.save({"model": model.state_dict()}, tmp_path / "weights.pt")  # not resumable: fine
         line = sys._getframe().f_lineno + 1
         torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "ckpt.pt")

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ampkit.diagnose.script.services import CastSite
+from ampkit.diagnose.script import failures
+from ampkit.diagnose.script.services.casts import CastSite
 from ampkit.diagnose.script.watchers.optim import OptimWatch
 from diagnose.script.watchers.alone import watching
 
@@ -19,7 +20,7 @@ def test_optim_watch_alone_reports_low_precision_parameters_with_their_cast_site
     with watching(OptimWatch) as w:
         model = nn.Linear(2, 2).bfloat16()
         site = CastSite(location="train.py:3", how=".bfloat16()", dtype="bf16", kind="cast")
-        w.services.casts.add(model.parameters(), site)  # what the cast watcher records
+        w.state.casts.add(model.parameters(), site)  # what the cast watcher records
         line = sys._getframe().f_lineno + 1
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(1, 2, dtype=torch.bfloat16)).float().sum().backward()
@@ -28,10 +29,10 @@ def test_optim_watch_alone_reports_low_precision_parameters_with_their_cast_site
     assert f.code == "LOW_PRECISION_PARAMS" and f.location == "train.py:3" and f.step == 1
     assert f"(created at {HERE}:{line}) updates 2 of 2 trainable parameters stored in bf16" in f.message
     assert "through `.bfloat16()` at train.py:3" in f.message and f.evidence["made_low_precision"] == site.evidence()
-    info = w.services.optimizers.get(opt)
-    assert info is not None and (info.location, info.steps) == (f"{HERE}:{line}", 1)
+    info = w.state.optimizers.get(opt)
+    assert info is not None and info.location == f"{HERE}:{line}"
     # the primary optimizer stepped directly: its gradients were checked, and the iteration ended
-    assert w.signals.calls == [("grads", 1, False), ("end_iteration",)]
+    assert w.state.steps == 1 and w.failures == []
 
 
 def test_optim_watch_alone_notes_a_scheduler_step_after_a_skipped_step() -> None:
@@ -39,11 +40,11 @@ def test_optim_watch_alone_notes_a_scheduler_step_after_a_skipped_step() -> None
     with watching(OptimWatch) as w:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
-        opt.step()
+        opt.step()  # step 1, applied
         sched.step()  # after a step that applied: fine
-        # a guarded step that found inf/NaN, as the scaler watcher reports it
-        w.services.scalers.report_found(opt, torch.ones(()), torch.tensor(2.0**16), True)
+        # step 2: a guarded step that found inf/NaN, as the scaler watcher reports it
+        failures.found_read(w.state, opt, torch.ones(()), torch.tensor(2.0**16), True)
         line = sys._getframe().f_lineno + 1
         sched.step()
-    assert (w.watcher.scheduler_steps, w.watcher.sched_on_skip) == (2, [1])
+    assert (w.watcher.scheduler_steps, w.watcher.sched_on_skip) == (2, [2])
     assert w.state.locations["scheduler_step"] == f"{HERE}:{line}"

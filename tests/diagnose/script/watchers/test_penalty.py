@@ -19,7 +19,7 @@ def _penalty_step(unscale: str) -> list[str]:
         # The watcher reads scaled outputs from the registry the scaler watcher fills; register as it does.
         loss = model(torch.randn(8, 4)).pow(2).mean()
         scaled = scaler.scale(loss)
-        w.watcher.scalers.register_scaled(loss, scaled, torch.tensor(1024.0), True, "torch")
+        w.state.scalers.register_scaled(loss, scaled, torch.tensor(1024.0), True, "torch")
         grads = torch.autograd.grad(scaled, list(model.parameters()), create_graph=True)
         if unscale == "each":
             grads = tuple(g * (1.0 / scaler.get_scale()) for g in grads)

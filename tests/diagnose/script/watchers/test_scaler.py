@@ -36,9 +36,9 @@ def test_doctor_observers_clip_after_unscale_is_clean_and_before_is_not() -> Non
 
     bad = observe(lambda: loop(False))
     good = observe(lambda: loop(True))
-    assert [f.code for f in bad.ledger.findings()] == ["CLIP_BEFORE_UNSCALE"]
-    assert good.ledger.findings() == []
-    assert bad.iteration == good.iteration == 2
+    assert [f.code for f in bad.state.ledger.findings()] == ["CLIP_BEFORE_UNSCALE"]
+    assert good.state.ledger.findings() == []
+    assert bad.state.iteration == good.state.iteration == 2
 
 
 def _order_findings(loop: object) -> list[Finding]:
@@ -46,7 +46,7 @@ def _order_findings(loop: object) -> list[Finding]:
         with contextlib.suppress(RuntimeError, AssertionError):
             loop()  # type: ignore[operator]
 
-    return [f for f in observe(run).ledger.findings() if f.code == "UNSCALE_ORDER_ERROR"]
+    return [f for f in observe(run).state.ledger.findings() if f.code == "UNSCALE_ORDER_ERROR"]
 
 
 def _micro_batch(model: nn.Module, scaler: torch.amp.GradScaler) -> None:
@@ -114,13 +114,13 @@ def test_doctor_observers_scaler_records_how_it_was_built_and_why_it_is_off() ->
         with pytest.warns(FutureWarning):
             torch.cuda.amp.GradScaler()
 
-    infos = observe(build).scalers.infos
+    infos = observe(build).state.scalers.infos
     assert [i.built_as for i in infos] == ["torch.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.GradScaler"]
     cuda_off = None if torch.cuda.is_available() else "no_cuda"
     assert [i.off_reason() for i in infos] == [None, "enabled_false", cuda_off]
 
 
-def test_scaler_watch_alone_records_the_scaler_and_signals_a_skipped_step() -> None:
+def test_scaler_watch_alone_records_the_scaler_and_fails_a_skipped_step() -> None:
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with watching(ScalerWatch) as w:
@@ -131,12 +131,12 @@ def test_scaler_watch_alone_records_the_scaler_and_signals_a_skipped_step() -> N
             scaler.step(opt)
             scaler.update()
         w.state.pending.flush()
-    [info] = w.services.scalers.infos
+    [info] = w.state.scalers.infos
     assert (info.location, info.built_as, info.init_scale, info.used) == (f"{HERE}:{line}", "torch.amp.GradScaler",
                                                                           1024.0, 2)
     assert [s for _, s in info.scales] == [1024.0, 512.0]
-    assert w.signals.calls == [("scaler_found", 1, 0.0, True), ("end_iteration",),
-                               ("scaler_found", 1, 1.0, True), ("end_iteration",)]
+    assert w.state.steps == 2 and w.state.skips == {2: "nonfinite_data"}
+    assert [(f.kind, f.step, f.cause) for f in w.failures] == [("skip", 2, "nonfinite_data")]
 
 
 def test_scaler_watch_alone_reports_clipping_and_a_direct_step_on_scaled_gradients() -> None:
@@ -145,7 +145,7 @@ def test_scaler_watch_alone_reports_clipping_and_a_direct_step_on_scaled_gradien
     with watching(ScalerWatch) as w:
         scaler = torch.amp.GradScaler("cpu")
         scaled = scaler.scale(model(torch.ones(1, 2)).sum())
-        assert w.services.scalers.scaled_source(scaled) is not None  # the backward watcher's question
+        assert w.state.scalers.scaled_source(scaled) is not None  # the backward watcher's question
         scaled.backward()
         line = sys._getframe().f_lineno + 1
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -155,4 +155,4 @@ def test_scaler_watch_alone_reports_clipping_and_a_direct_step_on_scaled_gradien
     assert found["CLIP_BEFORE_UNSCALE"].location == f"{HERE}:{line}"
     assert found["CLIP_BEFORE_UNSCALE"].evidence["function"] == "clip_grad_norm_"
     assert found["UNSCALE_ORDER_ERROR"].location == f"{HERE}:{line + 1}"
-    assert w.services.scalers.direct_steps == 1
+    assert w.state.scalers.direct_steps == 1

@@ -26,8 +26,6 @@ class AutocastRegions:
     """Where an optimizer stepped inside this thread's current region (its cached casts are stale)."""
 
     def __init__(self) -> None:
-        self.region = 0
-        """Outermost regions entered so far, all threads."""
         self.enabled_in: dict[int, tuple[threading.Thread, str | None]] = {}
         """Thread ident -> (thread, location) of each thread now inside an enabled outermost autocast
         block: what another thread's forward would wrongly expect to inherit."""
@@ -39,7 +37,6 @@ class AutocastRegions:
         mine = thread_values(self)
         mine.depth += 1
         if mine.depth == 1:
-            self.region += 1
             mine.region_stepped = None
             mine.region_location = location
             if enabled:

@@ -24,7 +24,6 @@ class OptInfo:
     checked: int = -1
     last_found: tuple[torch.Tensor, int] | None = None
     """(found_inf, step) of the last scaler.step on this optimizer (None: stepped directly)."""
-    steps: int = 0
 
 
 class OptimizerRegistry:

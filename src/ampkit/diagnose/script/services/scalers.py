@@ -3,7 +3,8 @@ bookkeeping of their optimizer window, shared by the watchers that feed or read 
 
 The GradScaler watcher and the engine watcher add scalers and report guarded steps; the backward
 watcher asks which scaler scaled the loss it sees; the optimizer watcher asks whether a step is
-guarded; the checkpoint watcher and the end-of-run rules read the ``ScalerInfo`` records.
+guarded; the checkpoint watcher and the end-of-run rules read the ``ScalerInfo`` records.  A guarded
+step's ``found_inf`` goes to ``script.failures.found_read``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import torch
 from ampkit._util.threads import PerThread
 from ampkit._util.trees import leaves
 from ampkit._util.weakmap import WeakIdentityMap
-from ampkit.diagnose.script.services.optimizers import OptimizerRegistry
-from ampkit.diagnose.script.state import WatchState
 
 __all__ = ["ScaledSource", "ScalerInfo", "ScalerRegistry"]
 
@@ -91,9 +90,7 @@ class ScalerRegistry:
     in_step = PerThread(int)
     """Depth of guarded optimizer steps (``GradScaler.step``, an ampkit engine's) in this thread."""
 
-    def __init__(self, state: WatchState, optimizers: OptimizerRegistry) -> None:
-        self.state = state
-        self.optimizers = optimizers
+    def __init__(self) -> None:
         self.scalers: WeakIdentityMap[Any, ScalerInfo] = WeakIdentityMap()
         self.infos: list[ScalerInfo] = []
         self._scaled: dict[int, ScaledSource] = {}
@@ -161,13 +158,3 @@ class ScalerRegistry:
         self.backwards_since_update = 0
         self.direct_steps = 0
         self._scaled.clear()
-
-    def report_found(self, optimizer: torch.optim.Optimizer, found: torch.Tensor, scale: torch.Tensor,
-                     primary: bool) -> None:
-        """A guarded step (``GradScaler.step`` or an ampkit engine's) produced ``found``: keep it for the
-        scheduler rule and signal it (read at once where the step already synced on it)."""
-        self.optimizers.info(optimizer).last_found = (found, self.state.step)
-        # Non-fused optimizers: the scaler already synced on found_inf to decide the step, reading it is free.
-        urgent = not getattr(optimizer, "_step_supports_amp_scaling", False) or self.state.sampler.dense(
-            self.state.iteration)
-        self.state.signals.on_scaler_found(found, scale, self.state.step, primary, urgent)

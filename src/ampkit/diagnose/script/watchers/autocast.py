@@ -14,9 +14,9 @@ import torch
 from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
+from ampkit._util.weakmap import WeakIdentityMap
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services.autocast import AutocastRegions
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 
 _DECORATOR_FILE = torch.amp.autocast_mode.__file__
@@ -37,13 +37,23 @@ class AutocastRequest:
     entered: int = 0
 
 
+@dataclass
+class _Made:
+    """One autocast object's ``enabled=`` (None: built before the doctor or while paused), its line, and whether
+    its last entry was while the doctor ran a model itself (its exit then closes no region)."""
+
+    requested: bool | None = None
+    location: str | None = None
+    paused: bool = False
+
+
 class AutocastWatch(Watcher):
     """Autocast objects built and entered, and the regions they open (``AutocastRegions``: outermost
     ``with`` blocks, the scope of autocast's weight-cast cache)."""
 
-    def __init__(self, state: WatchState, *, regions: AutocastRegions) -> None:
-        self.state = state
-        self.regions = regions
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
+        self._made: WeakIdentityMap[Any, _Made] = WeakIdentityMap()  # torch's autocast objects, held weakly
         self.requests: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
         """Autocast objects entered, by (line, device type, dtype)."""
         self.built: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
@@ -65,11 +75,11 @@ class AutocastWatch(Watcher):
                 code.call(orig, ac, *args, **kwargs)  # torch warns: keep the warning on the user's line
             else:
                 orig(ac, *args, **kwargs)
-            if self.state.paused:
+            if self.state.models.paused:
                 return
             requested = kwargs.get("enabled", args[2] if len(args) > 2 else True)
-            ac._ampkit_requested = bool(requested)
-            ac._ampkit_location = loc = code.caller()
+            loc = code.caller()
+            self._made[ac] = _Made(bool(requested), loc)
             key = (loc, str(ac.device), ac.fast_dtype)
             if key not in self.built:
                 self.built[key] = AutocastRequest(device_type=str(ac.device), dtype=ac.fast_dtype,
@@ -79,19 +89,22 @@ class AutocastWatch(Watcher):
     def _wrap_enter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def __enter__(ac: Any) -> Any:
             out = orig(ac)
+            made = self._made.get(ac)
+            if made is None:
+                made = self._made[ac] = _Made()
             # per entry: a decorator's instance is entered again after a replay that ran it paused
-            ac._ampkit_paused = self.state.paused
-            if self.state.paused:
+            made.paused = paused = self.state.models.paused
+            if paused:
                 return out
-            loc = getattr(ac, "_ampkit_location", None)
-            self.regions.enter(loc, enabled=bool(ac._enabled))
+            loc = made.location
+            self.state.regions.enter(loc, enabled=bool(ac._enabled))
             key = (loc, str(ac.device), ac.fast_dtype)
             req = self.requests.get(key)
             if req is None:
                 req = self.requests[key] = AutocastRequest(
                     device_type=str(ac.device), dtype=ac.fast_dtype,
-                    requested=getattr(ac, "_ampkit_requested", bool(ac._enabled)), effective=bool(ac._enabled),
-                    location=loc,
+                    requested=bool(ac._enabled) if made.requested is None else made.requested,
+                    effective=bool(ac._enabled), location=loc,
                 )
             req.entered += 1
             if ac._enabled:
@@ -104,8 +117,9 @@ class AutocastWatch(Watcher):
             try:
                 return orig(ac, *exc)
             finally:
-                if not getattr(ac, "_ampkit_paused", False):
-                    self.regions.exit()
+                made = self._made.get(ac)
+                if made is None or not made.paused:
+                    self.state.regions.exit()
         return __exit__
 
     def _note_framework_entry(self, ac: Any) -> None:
@@ -121,7 +135,7 @@ class AutocastWatch(Watcher):
     @override
     def on_root_forward(self, cap: Capture) -> None:
         """STALE_WEIGHT_CACHE: a forward inside the region in which an optimizer already stepped."""
-        regions = self.regions
+        regions = self.state.regions
         if regions.region_stepped is None or not cap.autocast_enabled or not torch.is_autocast_cache_enabled():
             return
         self.state.ledger.add(

@@ -7,8 +7,7 @@ import torch
 from typing_extensions import override
 
 from ampkit._util.threads import PerThread, thread_values
-from ampkit.diagnose.script.services.scalers import ScalerRegistry
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.findings import loss_in_low_precision_finding
 from ampkit.precision import LOW_PRECISION_DTYPES
@@ -24,24 +23,17 @@ class BackwardWatch(Watcher):
     _pending_loss: PerThread[torch.Tensor | None] = PerThread(lambda: None)
     _scaled_now = PerThread(bool)
 
-    def __init__(self, state: WatchState, *, scalers: ScalerRegistry) -> None:
-        self.state = state
-        self.scalers = scalers
-        self.calls = 0
-        self.fp16_unscaled: list[int] = []
-
     @override
     def before_backward(self, flat: list[torch.Tensor]) -> None:
-        self.calls += 1
-        self.scalers.backwards_since_update += 1
-        scaled = self.scalers.scaled_source(flat[0])
+        scalers = self.state.scalers
+        scalers.backwards_since_update += 1
+        scaled = scalers.scaled_source(flat[0])
         loss = scaled.loss if scaled is not None else flat[0]
         window = self.state.models.on_backward(flat, loss, scaled.scale if scaled is not None and scaled.enabled else None)
         low = {c.low_precision for c in window} - {None}
         mine = thread_values(self)  # per-step: writes with no Python frame
         mine._scaled_now = scaled is not None and scaled.enabled and scaled.kind == "torch"
         if torch.float16 in low and (scaled is None or not scaled.enabled):
-            self.fp16_unscaled.append(self.state.step)
             self.state.ledger.add(
                 "NO_LOSS_SCALING", key="backward",
                 message=(
@@ -75,4 +67,4 @@ class BackwardWatch(Watcher):
             return  # a GradScaler guards this step: a skip triggers the diagnosis (and reads the loss then)
         it = self.state.step
         bad = (~torch.isfinite(loss.detach())).any()
-        self.state.pending.read(bad, lambda v: self.state.signals.on_loss(it, v > 0))
+        self.state.pending.read(bad, lambda v: failures.loss_read(self.state, it, v > 0))

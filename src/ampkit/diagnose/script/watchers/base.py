@@ -1,11 +1,11 @@
 """The contract of a script watcher: one thing ``ampkit doctor SCRIPT`` observes.
 
-A watcher is a subclass of ``Watcher`` listed in ``watchers.WATCHERS``.  Its constructor
-declares the services it needs as parameters named after the fields of ``script.services.Services``
-(``state``, ``scalers``, ``optimizers``, ``regions``, ``casts``, ``frameworks``) and annotated with their types; the
-``Context`` builds the services first and passes each watcher exactly the ones it names.  A
-watcher never holds another watcher: what two watchers share is a service.  It overrides the
-methods below that it needs, each marked ``@override``; the others stay no-ops.
+A watcher is a subclass of ``Watcher``, built by the ``Context`` (its literal list) with the one
+``RunState`` (``script.state``), whose fields it reads and writes: the services two watchers share
+(``state.scalers``, ``state.optimizers``, ``state.regions``, ``state.casts``, ``state.frameworks``), the
+ledger, the step counters.  A watcher never holds another watcher: what two watchers share is a
+field of the state, and a step event is a call of ``script.failures``.  It overrides the methods
+below that it needs, each marked ``@override``; the others stay no-ops.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ampkit._util.overrides import overrides
 if TYPE_CHECKING:
     from ampkit.diagnose.capture import Capture
     from ampkit.diagnose.script.patches import PatchSet
-    from ampkit.diagnose.script.state import WatchState
+    from ampkit.diagnose.script.state import RunState
 
 __all__ = ["Watcher", "dispatch_backward"]
 
@@ -36,6 +36,9 @@ class Watcher:
     ``finish`` once after it ended, when the deferred device reads are flushed.  Nothing undoes ``install``
     explicitly: every change goes through the ``PatchSet``, whose ``restore()`` undoes it.
     """
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
 
     def install(self, patches: PatchSet) -> None:
         """Wrap or hook what this watcher observes, each change through ``patches`` (``wrap``, ``replace``,
@@ -55,10 +58,10 @@ class Watcher:
         """That backward returned (not called when it raised)."""
 
     def finish(self) -> None:
-        """The script ended: add the findings judged over the whole run to ``state.ledger``."""
+        """The script ended: add the findings judged over the whole run to ``self.state.ledger``."""
 
 
-def dispatch_backward(watchers: list[Watcher], state: WatchState, patches: PatchSet) -> None:
+def dispatch_backward(watchers: list[Watcher], state: RunState, patches: PatchSet) -> None:
     """Wrap ``torch.autograd.backward`` once, calling the watchers that override ``before_backward`` or
     ``after_backward`` around each backward of the script, in ``watchers`` order.
 
@@ -72,7 +75,7 @@ def dispatch_backward(watchers: list[Watcher], state: WatchState, patches: Patch
 
     def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if state.paused:
+            if state.models.paused:
                 return orig(tensors, *args, **kwargs)
             flat = [tensors] if isinstance(tensors, torch.Tensor) else [t for t in tensors if t is not None]
             if not flat:

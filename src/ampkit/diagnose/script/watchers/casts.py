@@ -29,9 +29,8 @@ from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services.casts import CastSite, CastSites
-from ampkit.diagnose.script.services.frameworks import Frameworks
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.services.casts import CastSite
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.findings import Finding
 from ampkit.precision import LOW_PRECISION_DTYPES
@@ -47,10 +46,8 @@ _METHODS = ("half", "bfloat16", "to", "type")
 class CastWatch(Watcher):
     """Records the ``CastSite`` of each parameter made fp16/bf16 (into ``CastSites``)."""
 
-    def __init__(self, state: WatchState, *, casts: CastSites, frameworks: Frameworks) -> None:
-        self.state = state
-        self.frameworks = frameworks
-        self.sites = casts
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
         self._depth = 0
         self._patches: PatchSet | None = None
 
@@ -65,7 +62,7 @@ class CastWatch(Watcher):
         """DTYPE_MISMATCH (the parameters of its module) and LOW_PRECISION_PARAMS (every model's) with
         the place their parameters became fp16/bf16 and the fix there, where that place is known and
         the finding does not name it yet."""
-        if not findings or not len(self.sites):
+        if not findings or not len(self.state.casts):
             return findings
         by_name = {models.qualify(root, n): m for root in models.models() for n, m in root.named_modules()}
         out = []
@@ -73,9 +70,9 @@ class CastWatch(Watcher):
             if f.code in ("DTYPE_MISMATCH", "LOW_PRECISION_PARAMS") and "made_low_precision" not in f.evidence:
                 scope = by_name.get(f.module) if f.code == "DTYPE_MISMATCH" and f.module is not None else None
                 params = scope.parameters() if scope is not None else (p for m in models.models() for p in m.parameters())
-                site = self.sites.origin(params)
+                site = self.state.casts.origin(params)
                 if site is not None:
-                    f = dataclasses.replace(f, message=f"{f.message}; {site.clause()}", fix=site.fix(self.frameworks.autocast_setting()),
+                    f = dataclasses.replace(f, message=f"{f.message}; {site.clause()}", fix=site.fix(self.state.frameworks.autocast_setting()),
                                             evidence={**f.evidence, "made_low_precision": site.evidence()})
             out.append(f)
         return out
@@ -85,7 +82,7 @@ class CastWatch(Watcher):
         method = orig.__name__
 
         def cast(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if self._depth or self.state.paused or torch.compiler.is_compiling():
+            if self._depth or self.state.models.paused or torch.compiler.is_compiling():
                 return orig(module, *args, **kwargs)
             params = list(module.parameters())
             before = {id(p): p.dtype for p in params}
@@ -100,7 +97,7 @@ class CastWatch(Watcher):
                 by = _library_caller(sys._getframe(1), module, method, self.state.frames.is_user)
                 site = CastSite(location=self.state.frames.caller(2), how=_spelled(method, dtype), dtype=dtype_name(dtype),
                                 kind="framework" if by else "cast", by=by)
-                self.sites.add(changed, site)
+                self.state.casts.add(changed, site)
             return out
         return cast
 
@@ -113,7 +110,7 @@ class CastWatch(Watcher):
         load = raw.__func__
 
         def from_pretrained(klass: type, *args: Any, **kwargs: Any) -> Any:
-            if self._depth or self.state.paused:
+            if self._depth or self.state.models.paused:
                 return load(klass, *args, **kwargs)
             self._depth += 1  # the casts inside loading are the load's, not the script's own
             try:
@@ -137,7 +134,7 @@ class CastWatch(Watcher):
         site = CastSite(location=self.state.frames.caller(), dtype=dtype_name(low[0].dtype), kind="load",
                         how=f"from_pretrained({name}={spelled})" if explicit else "from_pretrained()",
                         explicit=explicit)
-        self.sites.add(low, site)
+        self.state.casts.add(low, site)
 
 
 def _spelled(method: str, dtype: torch.dtype) -> str:

@@ -29,7 +29,7 @@ from torch import nn
 from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 
 __all__ = ["CompileCall", "CompileWatch"]
@@ -60,8 +60,8 @@ class CompileCall:
 class CompileWatch(Watcher):
     """Replaces ``torch.compile`` while the script runs; ``calls`` lists what the script compiled."""
 
-    def __init__(self, state: WatchState) -> None:
-        self.state = state
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
         self.calls: list[CompileCall] = []
 
     @override

@@ -6,7 +6,7 @@ engine knows the doctor only as a hook.  The hook feeds the state the GradScaler
 (``ScalerInfo``: the loss scale after each update, found_inf per step, gradients scaled between
 ``on_backward`` and ``after_unscale``), so SCALE_COLLAPSE, SCHEDULER_STEPPED_ON_SKIP and
 CLIP_BEFORE_UNSCALE judge engine runs with the same rules.  It reads device values only through
-``WatchState.pending`` or where the engine already synced (a non-fused step reads found_inf).
+``RunState.pending`` or where the engine already synced (a non-fused step reads found_inf).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services.optimizers import OptimizerRegistry
-from ampkit.diagnose.script.services.scalers import ScalerInfo, ScalerRegistry
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.services.scalers import ScalerInfo
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.engine import Engine
 from ampkit.hooks import EngineHook, HookedEngine, StepResult
@@ -31,16 +31,13 @@ __all__ = ["DoctorEngineHook", "EngineWatch"]
 class DoctorEngineHook(EngineHook):
     """What ``ampkit doctor SCRIPT`` attaches to each engine of the script (only when it scales losses)."""
 
-    def __init__(self, state: WatchState, scalers: ScalerRegistry, optimizers: OptimizerRegistry,
-                 info: ScalerInfo) -> None:
+    def __init__(self, state: RunState, info: ScalerInfo) -> None:
         self._state = state
-        self.scalers = scalers
-        self.optimizers = optimizers
         self.info = info
 
     @override
     def on_backward(self, engine: HookedEngine, loss: torch.Tensor) -> None:
-        if not self._state.paused:
+        if not self._state.models.paused:
             self.info.used += 1
             self.info.backward_scaled = True  # the gradients now hold loss × scale, until after_unscale
 
@@ -54,35 +51,34 @@ class DoctorEngineHook(EngineHook):
                               found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
         # The engine's optimizer.step() calls are guarded: not direct steps, and they end no
         # iteration (a skipped non-fused step makes none at all); after_step ends it instead.
-        self.scalers.in_step += 1
+        self._state.scalers.in_step += 1
 
     @override
     def after_step(self, engine: HookedEngine, result: StepResult, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        self.scalers.in_step -= 1
+        state = self._state
+        state.scalers.in_step -= 1
         self.info.unscaled_since_update = False
-        if self._state.paused or result.found_inf is None or not optimizers:
+        if state.models.paused or result.found_inf is None or not optimizers:
             return
         scale = result.scale if result.scale is not None else engine.scale
         primary = False
         for opt in optimizers:
-            is_primary = self.optimizers.is_primary(opt)
+            is_primary = state.optimizers.is_primary(opt)
             primary |= is_primary
             # One found_inf for all optimizers: the engine skips them together.
-            self.scalers.report_found(opt, result.found_inf, scale, is_primary)
-        it = self._state.step
+            failures.found_read(state, opt, result.found_inf, scale, is_primary)
+        it = state.step
         # The scale after the update, read at the next flush (a clone: the engine updates it in place).
-        self._state.pending.read(engine.scale.detach().clone(), lambda v: self.info.scales.append((it, v)))
+        state.pending.read(engine.scale.detach().clone(), lambda v: self.info.scales.append((it, v)))
         if primary:
-            self._state.signals.end_iteration()
+            failures.end_iteration(state)
 
 
 class EngineWatch(Watcher):
     """Attaches a ``DoctorEngineHook`` to every loss-scaling ampkit engine the script builds."""
 
-    def __init__(self, state: WatchState, *, scalers: ScalerRegistry, optimizers: OptimizerRegistry) -> None:
-        self.state = state
-        self.scalers = scalers
-        self.optimizers = optimizers
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
         self.hooks: list[DoctorEngineHook] = []
 
     @override
@@ -93,14 +89,14 @@ class EngineWatch(Watcher):
     def _wrap_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(engine: Engine, *args: Any, **kwargs: Any) -> None:
             self.state.frames.call(orig, engine, *args, **kwargs)
-            if self.state.paused or not engine.scaler.enabled:
+            if self.state.models.paused or not engine.scaler.enabled:
                 return  # bf16/fp32 engines scale nothing: no skip caused by a scale, nothing to unscale
             # float(engine.scale): one host read per engine built, not per step.
-            info = self.scalers.add_scaler(engine, ScalerInfo(
+            info = self.state.scalers.add_scaler(engine, ScalerInfo(
                 location=self.state.frames.caller(), device=str(engine.device), requested=True, enabled=True,
                 init_scale=float(engine.scale), built_as=f"ampkit.{type(engine).__name__}", engine=True,
             ))
-            hook = DoctorEngineHook(self.state, self.scalers, self.optimizers, info)
+            hook = DoctorEngineHook(self.state, info)
             self.hooks.append(hook)
             engine.add_hook(hook, first=True)
         return __init__

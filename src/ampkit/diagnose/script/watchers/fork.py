@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 
 __all__ = ["ForkEvent", "ForkWatch"]
@@ -45,8 +45,8 @@ class ForkEvent:
 class ForkWatch(Watcher):
     """Forks of the script (``forks``, in the parent) and whether this process is such a child (``child``)."""
 
-    def __init__(self, state: WatchState) -> None:
-        self.state = state
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
         self.forks: list[ForkEvent] = []
         self.child = False
         """This process is a child the script forked: its report is not the run's."""

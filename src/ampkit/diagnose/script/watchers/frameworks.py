@@ -36,8 +36,8 @@ from typing import Any
 from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services.frameworks import FrameworkRequest, Frameworks
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.services.frameworks import FrameworkRequest
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.findings import accelerate_fp16_off
 
@@ -50,10 +50,8 @@ _LIGHTNING_MODULES = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.tr
 class FrameworkWatch(Watcher):
     """The framework objects built by the script and the fp16/bf16 they ask for (``requests``, in build order)."""
 
-    def __init__(self, state: WatchState, *, frameworks: Frameworks) -> None:
-        self.state = state
-        self.frameworks = frameworks
-        self.requests = frameworks.requests
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
         self._patches: PatchSet | None = None
 
     @override
@@ -77,12 +75,12 @@ class FrameworkWatch(Watcher):
     def _wrap_post_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __post_init__(args: Any, *a: Any, **kw: Any) -> None:
             orig(args, *a, **kw)
-            if self.state.paused:
+            if self.state.models.paused:
                 return
-            self.frameworks.use("Trainer")
+            self.state.frameworks.use("Trainer")
             for field, dtype in (("fp16", "fp16"), ("bf16", "bf16")):
                 if getattr(args, field, False) is True:
-                    self.frameworks.add(FrameworkRequest(
+                    self.state.frameworks.add(FrameworkRequest(
                         setting=f"TrainingArguments({field}=True)", dtype=dtype, location=self.state.frames.caller(),
                         framework="Trainer"))
         return __post_init__
@@ -96,16 +94,16 @@ class FrameworkWatch(Watcher):
 
         def __init__(acc: Any, *a: Any, **kw: Any) -> None:
             orig(acc, *a, **kw)
-            if self.state.paused or not self.state.frames.is_user(sys._getframe(1).f_code.co_filename):
+            if self.state.models.paused or not self.state.frames.is_user(sys._getframe(1).f_code.co_filename):
                 return  # built by another framework (the Trainer's own): its settings are watched
             try:
                 arg = signature.bind(acc, *a, **kw).arguments.get("mixed_precision")
             except TypeError:
                 arg = None
-            self.frameworks.use("Accelerate")
+            self.state.frameworks.use("Accelerate")
             request = _accelerate_request(acc, arg, self.state.frames.caller())
             if request is not None:
-                self.frameworks.add(request)
+                self.state.frameworks.add(request)
         return __init__
 
     # -- Lightning --------------------------------------------------------------------------------------
@@ -115,9 +113,9 @@ class FrameworkWatch(Watcher):
     def _wrap_lightning(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(trainer: Any, *a: Any, **kw: Any) -> None:
             orig(trainer, *a, **kw)
-            if self.state.paused:
+            if self.state.models.paused:
                 return
-            self.frameworks.use("Lightning")
+            self.state.frameworks.use("Lightning")
             if "precision" in kw:
                 asked, setting = kw["precision"], f"Trainer(precision={kw['precision']!r})"
             else:
@@ -126,7 +124,7 @@ class FrameworkWatch(Watcher):
                            "code leaves out")
             request = _lightning_request(trainer, asked, setting, self.state.frames.caller())
             if request is not None:
-                self.frameworks.add(request)
+                self.state.frameworks.add(request)
         return __init__
 
 

@@ -17,8 +17,7 @@ from torch import nn
 from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services.scalers import ScalerRegistry
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 
 __all__ = ["CheckpointWatch", "checkpoint_contents"]
@@ -66,9 +65,8 @@ class _Event:
 class CheckpointWatch(Watcher):
     """``torch.save`` / ``torch.load``: a checkpoint without the GradScaler's state (CHECKPOINT_MISSING_SCALER)."""
 
-    def __init__(self, state: WatchState, *, scalers: ScalerRegistry) -> None:
-        self.state = state
-        self.scalers = scalers
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
         self.saves: list[_Event] = []
         self.loads: list[_Event] = []
 
@@ -99,7 +97,7 @@ class CheckpointWatch(Watcher):
 
     def _latent(self) -> None:
         """Info: the checkpoint lacks the state of a scaler that only this machine turns off (no CUDA)."""
-        off = [i for i in self.scalers.infos if i.off_reason() in ("no_cuda", "device")]
+        off = [i for i in self.state.scalers.infos if i.off_reason() in ("no_cuda", "device")]
         if not off or any(i.state_taken for i in off):
             return  # a disabled scaler's state_dict() is {}: asking for it is the sign it is saved
         for e in self._saves_without_scaler():
@@ -121,7 +119,7 @@ class CheckpointWatch(Watcher):
     @override
     def finish(self) -> None:
         # An engine's scale is saved with mp.state_dict(), which this watcher does not recognise.
-        scalers = [i for i in self.scalers.enabled_infos() if not i.engine]
+        scalers = [i for i in self.state.scalers.enabled_infos() if not i.engine]
         if not scalers:
             self._latent()
             return

@@ -1,6 +1,6 @@
 """The optimizer watcher: optimizer construction and steps, LR schedulers (LOW_PRECISION_PARAMS,
 non-finite gradients at an unguarded step, a scheduler stepped on a skipped step).
-None reads a device value except through ``WatchState.pending``."""
+None reads a device value except through ``RunState.pending``."""
 
 from __future__ import annotations
 
@@ -13,13 +13,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from typing_extensions import override
 
 from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services.autocast import AutocastRegions
-from ampkit.diagnose.script.services.casts import CastSites
-from ampkit.diagnose.script.services.frameworks import Frameworks
-from ampkit.diagnose.script.services.optimizers import OptimizerRegistry, OptInfo
-from ampkit.diagnose.script.services.scalers import ScalerRegistry
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.services.optimizers import OptInfo
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.findings import LOW_PRECISION_UPDATES_LOST
 from ampkit.precision import LOW_PRECISION_DTYPES
@@ -30,14 +27,8 @@ __all__ = ["OptimWatch"]
 class OptimWatch(Watcher):
     """Optimizer construction and steps, LR schedulers (gradient clipping is the scaler watcher's)."""
 
-    def __init__(self, state: WatchState, *, optimizers: OptimizerRegistry, scalers: ScalerRegistry,
-                 regions: AutocastRegions, casts: CastSites, frameworks: Frameworks) -> None:
-        self.state = state
-        self.frameworks = frameworks
-        self.optimizers = optimizers
-        self.scalers = scalers
-        self.regions = regions
-        self.casts = casts
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
         self.scheduler_steps = 0
         self._sched_depth = 0
         self.sched_on_skip: list[int] = []
@@ -56,22 +47,24 @@ class OptimWatch(Watcher):
     def _wrap_opt_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             self.state.frames.call(orig, opt, *args, **kwargs)
-            if opt not in self.optimizers.optimizers:
-                self.optimizers.add(opt, self.state.frames.caller())
+            if opt not in self.state.optimizers.optimizers:
+                self.state.optimizers.add(opt, self.state.frames.caller())
         return __init__
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if torch.compiler.is_compiling():
             return  # a compiled optimizer step traces the hooks: observe nothing there
-        info = self.optimizers.info(opt)
-        if not self.scalers.in_step:
+        state = self.state
+        info = state.optimizers.info(opt)
+        if not state.scalers.in_step:
             info.last_found = None  # a direct step (the scaler watcher reports it, from its own hook before this one)
-            if self.optimizers.is_primary(opt):
+            if state.optimizers.is_primary(opt):
                 self._check_grads(opt)
-        if self.regions.depth and self.regions.any_enabled() and self.regions.region_stepped is None:
-            self.regions.region_stepped = self.state.frames.caller()
-        if info.checked < 0 or (self.state.sampler.dense(self.state.iteration) and info.checked != self.state.iteration):
-            info.checked = self.state.iteration
+        regions = state.regions
+        if regions.depth and regions.any_enabled() and regions.region_stepped is None:
+            regions.region_stepped = state.frames.caller()
+        if info.checked < 0 or (state.sampler.dense(state.iteration) and info.checked != state.iteration):
+            info.checked = state.iteration
             self._check_params(opt, info)
 
     def _check_grads(self, opt: torch.optim.Optimizer) -> None:
@@ -90,15 +83,14 @@ class OptimWatch(Watcher):
         norms = torch._foreach_norm(grads)
         bad = (~torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms]))).any()
         it = self.state.step
-        self.state.pending.read(bad, lambda v: self.state.signals.on_grads(it, v > 0), now=self.state.sampler.dense(it))
+        self.state.pending.read(bad, lambda v: failures.grads_read(self.state, it, v > 0), now=self.state.sampler.dense(it))
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if torch.compiler.is_compiling():
             return
-        info = self.optimizers.info(opt)
-        info.steps += 1
-        if not self.scalers.in_step and self.optimizers.is_primary(opt):
-            self.state.signals.end_iteration()
+        state = self.state
+        if not state.scalers.in_step and state.optimizers.is_primary(opt):
+            failures.end_iteration(state)
 
     def _check_params(self, opt: torch.optim.Optimizer, info: OptInfo) -> None:
         low = [p for g in opt.param_groups for p in g["params"] if p.requires_grad and p.dtype in LOW_PRECISION_DTYPES]
@@ -108,7 +100,7 @@ class OptimWatch(Watcher):
         shown = [names.get(id(p), f"<{tuple(p.shape)}>") for p in low[:5]]
         dtypes = sorted({dtype_name(p.dtype) for p in low})
         total = sum(len(g["params"]) for g in opt.param_groups)
-        site = self.casts.origin(low)
+        site = self.state.casts.origin(low)
         cause = f"; {site.clause()}" if site is not None else ""
         self.state.ledger.add(
             "LOW_PRECISION_PARAMS", key=id(opt),
@@ -118,7 +110,7 @@ class OptimWatch(Watcher):
                 f"{LOW_PRECISION_UPDATES_LOST}, and fp16 gradients overflow when unscaled"
             ),
             fix=(
-                site.fix(self.frameworks.autocast_setting()) if site is not None else
+                site.fix(self.state.frameworks.autocast_setting()) if site is not None else
                 "keep the parameters in fp32 (remove model.half() / .to(torch.float16/bfloat16), or load with "
                 "from_pretrained(..., dtype=torch.float32)) and run the forward under torch.autocast, which casts "
                 "weights to the low precision per op"
@@ -146,7 +138,7 @@ class OptimWatch(Watcher):
     def _on_sched_step(self, sched: Any) -> None:
         self.scheduler_steps += 1
         opt = getattr(sched, "optimizer", None)
-        info = self.optimizers.get(opt) if opt is not None else None
+        info = self.state.optimizers.get(opt) if opt is not None else None
         if info is None or info.last_found is None:
             return
         found, it = info.last_found

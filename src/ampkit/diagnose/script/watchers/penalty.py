@@ -23,8 +23,7 @@ import torch
 from typing_extensions import override
 
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services.scalers import ScalerRegistry
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
 
 __all__ = ["GradPenaltyWatch", "reaches_unscaled"]
@@ -77,9 +76,8 @@ def reaches_unscaled(root: Any, targets: list[Any], scale: float) -> bool:
 class GradPenaltyWatch(Watcher):
     """``torch.autograd.grad`` on a scaled loss, and whether the next backward's loss uses its gradients unscaled."""
 
-    def __init__(self, state: WatchState, *, scalers: ScalerRegistry) -> None:
-        self.state = state
-        self.scalers = scalers
+    def __init__(self, state: RunState) -> None:
+        super().__init__(state)
         self._noted: list[_ScaledGrads] = []
 
     @override
@@ -89,14 +87,14 @@ class GradPenaltyWatch(Watcher):
     def _wrap_grad(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
             out = orig(outputs, *args, **kwargs)
-            if not self.state.paused and kwargs.get("create_graph", False):
+            if not self.state.models.paused and kwargs.get("create_graph", False):
                 self._note(outputs, out)
             return out
         return grad
 
     def _note(self, outputs: Any, grads: Any) -> None:
         flat = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-        src = next((s for s in map(self.scalers.peek_scaled, flat) if s is not None), None)
+        src = next((s for s in map(self.state.scalers.peek_scaled, flat) if s is not None), None)
         if src is None or src.scale is None or not src.enabled:
             return
         tensors = [g for g in (grads if isinstance(grads, (list, tuple)) else [grads]) if isinstance(g, torch.Tensor)]
@@ -108,7 +106,7 @@ class GradPenaltyWatch(Watcher):
             # scaler's ordinary back-off (the step is skipped), not a forward failure.
             step = self.state.step
             overflow = torch.stack([torch.isfinite(g.detach()).all().logical_not() for g in tensors]).any()
-            self.state.pending.read(overflow, lambda v: self.scalers.penalty_overflow.add(step) if v > 0 else None)
+            self.state.pending.read(overflow, lambda v: self.state.scalers.penalty_overflow.add(step) if v > 0 else None)
 
     @override
     def before_backward(self, tensors: list[torch.Tensor]) -> None:

@@ -19,12 +19,11 @@ from typing_extensions import override
 
 from ampkit._util.threads import thread_values
 from ampkit._util.trees import leaves
+from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.errors import exception_finding
 from ampkit.diagnose.script.order import OrderContext, explain_order
 from ampkit.diagnose.script.patches import PatchSet
-from ampkit.diagnose.script.services.optimizers import OptimizerRegistry
-from ampkit.diagnose.script.services.scalers import ScalerInfo, ScalerRegistry
-from ampkit.diagnose.script.state import WatchState
+from ampkit.diagnose.script.services.scalers import ScalerInfo
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.diagnose.script.where import where_now
 from ampkit.findings import loss_in_low_precision_finding
@@ -44,14 +43,9 @@ def _spelling(cls: type) -> str:
 class ScalerWatch(Watcher):
     """GradScaler (torch's and ampkit's): scaling, unscale/step/update order, clipping, skipped steps.
 
-    What it learns goes into the ``ScalerRegistry``, which the backward, optimizer, checkpoint and
-    engine watchers read.
+    What it learns goes into the ``ScalerRegistry`` (``state.scalers``), which the backward, optimizer,
+    checkpoint and engine watchers read.
     """
-
-    def __init__(self, state: WatchState, *, scalers: ScalerRegistry, optimizers: OptimizerRegistry) -> None:
-        self.state = state
-        self.scalers = scalers
-        self.optimizers = optimizers
 
     @override
     def install(self, patches: PatchSet) -> None:
@@ -67,7 +61,7 @@ class ScalerWatch(Watcher):
 
         for cls in (LossScaler, StaticLossScaler):
             patches.wrap(cls, "scale", self._wrap_ampkit_scale)
-        # Registered before the optimizer watcher's hook (``WATCHERS`` order): a direct step is
+        # Registered before the optimizer watcher's hook (the ``Context``'s order): a direct step is
         # reported before that step's gradients are checked, which may replay it.
         patches.handle(register_optimizer_step_pre_hook(self._pre_step))
         for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
@@ -80,7 +74,7 @@ class ScalerWatch(Watcher):
         def __init__(sc: Any, *args: Any, **kwargs: Any) -> None:
             self.state.frames.call(orig, sc, *args, **kwargs)
             requested = kwargs.get("enabled", args[5] if len(args) > 5 else True)
-            self.scalers.add_scaler(sc, ScalerInfo(
+            self.state.scalers.add_scaler(sc, ScalerInfo(
                 location=self.state.frames.caller(), device=str(sc._device), requested=bool(requested),
                 enabled=bool(sc._enabled), init_scale=float(kwargs.get("init_scale", args[1] if len(args) > 1
                                                                        else 2.0**16)),
@@ -92,19 +86,19 @@ class ScalerWatch(Watcher):
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def method(sc: Any, *args: Any, **kwargs: Any) -> Any:
                 out = orig(sc, *args, **kwargs)
-                setattr(self.scalers.info(sc), flag, True)
+                setattr(self.state.scalers.info(sc), flag, True)
                 return out
             return method
         return make
 
     def _wrap_scale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def scale(sc: Any, outputs: Any) -> Any:
-            self.state.signals.loss_made()
+            self.state.tapes.stop()  # the loss is complete: it is being scaled for its backward
             out = orig(sc, outputs)
-            info = self.scalers.info(sc)
+            info = self.state.scalers.info(sc)
             enabled = bool(sc._enabled)
             scale_t = info.scale_copy(sc._scale) if enabled and sc._scale is not None else None
-            self.scalers.register_scaled(outputs, out, scale_t, enabled, "torch")
+            self.state.scalers.register_scaled(outputs, out, scale_t, enabled, "torch")
             if enabled:
                 info.used += 1
                 self._check_scaled(outputs, out, scale_t)
@@ -117,12 +111,12 @@ class ScalerWatch(Watcher):
 
     def _wrap_ampkit_scale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def scale(sc: Any, loss: torch.Tensor) -> torch.Tensor:
-            self.state.signals.loss_made()
+            self.state.tapes.stop()
             out = orig(sc, loss)
-            self.scalers.ampkit_scaled += 1
+            self.state.scalers.ampkit_scaled += 1
             enabled = bool(getattr(sc, "enabled", False))
-            self.scalers.ampkit_enabled |= enabled
-            self.scalers.register_scaled(loss, out, sc.scale_tensor(loss.device).clone() if enabled else None, enabled, "ampkit")
+            self.state.scalers.ampkit_enabled |= enabled
+            self.state.scalers.register_scaled(loss, out, sc.scale_tensor(loss.device).clone() if enabled else None, enabled, "ampkit")
             return out
         return scale
 
@@ -144,7 +138,7 @@ class ScalerWatch(Watcher):
                 def judge(v: float, a_dtype: torch.dtype = a.dtype, it: int = it,
                           location: str | None = location) -> None:
                     if v > 0:
-                        self.scalers.scaled_overflow.add(it)
+                        self.state.scalers.scaled_overflow.add(it)
                         self.state.ledger.add(loss_in_low_precision_finding(
                             a_dtype, overflowed=True, location=location, step=it), key=location)
                 self.state.pending.read(overflow, judge)
@@ -153,15 +147,15 @@ class ScalerWatch(Watcher):
         """UNSCALE_ORDER_ERROR for GradScaler's own step-order assertion, with the cause read from the
         scaler's state at the raise (``script.order``) and where in training it happened."""
         text = str(exc)
-        if "No inf checks were recorded prior" in text and self.scalers.direct_steps and self.state.ledger.has(
+        if "No inf checks were recorded prior" in text and self.state.scalers.direct_steps and self.state.ledger.has(
                 "UNSCALE_ORDER_ERROR"):
-            exc._ampkit_explained = True  # type: ignore[attr-defined]
+            self.state.explained = exc
             return  # the consequence of the optimizer.step() that bypassed the scaler, already reported
-        info = self.scalers.info(sc)
+        info = self.state.scalers.info(sc)
         rule = explain_order(text, OrderContext(
-            call, backwards=self.scalers.backwards_since_update, stepped=info.stepped_since_update,
-            other_scaler_scaled=any(i.used for i in self.scalers.infos if i is not info),
-            optimizers=len(self.optimizers)))
+            call, backwards=self.state.scalers.backwards_since_update, stepped=info.stepped_since_update,
+            other_scaler_scaled=any(i.used for i in self.state.scalers.infos if i is not info),
+            optimizers=len(self.state.optimizers)))
         if rule is None:
             return
         frames, it = self.state.frames, self.state.step
@@ -172,7 +166,7 @@ class ScalerWatch(Watcher):
                                     evidence=rule.evidence(call))
         self.state.ledger.add(finding.code, key=location, message=finding.message, fix=finding.fix,
                               location=location, step=it, evidence=finding.evidence)
-        exc._ampkit_explained = True  # type: ignore[attr-defined]
+        self.state.explained = exc
 
     def _wrap_unscale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def unscale_(sc: Any, optimizer: torch.optim.Optimizer) -> Any:
@@ -182,13 +176,13 @@ class ScalerWatch(Watcher):
                 self._explain_order(exc, sc, "unscale_")
                 raise
             if sc._enabled:
-                self.scalers.info(sc).unscaled_since_update = True
+                self.state.scalers.info(sc).unscaled_since_update = True
             return out
         return unscale_
 
     def _wrap_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def step(sc: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            mine = thread_values(self.scalers)  # per-step: writes with no Python frame
+            mine = thread_values(self.state.scalers)  # per-step: writes with no Python frame
             mine.in_step += 1
             try:
                 out = orig(sc, optimizer, *args, **kwargs)
@@ -197,23 +191,23 @@ class ScalerWatch(Watcher):
                 raise
             finally:
                 mine.in_step -= 1
-            primary = self.optimizers.is_primary(optimizer)
+            primary = self.state.optimizers.is_primary(optimizer)
             if sc._enabled:
-                info = self.scalers.info(sc)
+                info = self.state.scalers.info(sc)
                 info.stepped_since_update = True
                 state = sc._per_optimizer_states.get(id(optimizer))
                 per_dev = list(state["found_inf_per_device"].values()) if state else []
                 if per_dev:
                     found = per_dev[0] if len(per_dev) == 1 else torch.stack([f.to(per_dev[0].device) for f in per_dev]).sum()
-                    self.scalers.report_found(optimizer, found, info.scale_copy(sc._scale), primary)
+                    failures.found_read(self.state, optimizer, found, info.scale_copy(sc._scale), primary)
             if primary:
-                self.state.signals.end_iteration()
+                failures.end_iteration(self.state)
             return out
         return step
 
     def _wrap_update(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def update(sc: Any, new_scale: Any = None) -> Any:
-            info = self.scalers.info(sc)
+            info = self.state.scalers.info(sc)
             if sc._enabled and new_scale is None and not info.stepped_since_update and info.unscaled_since_update:
                 location = self.state.frames.caller()
                 self.state.ledger.add(
@@ -238,7 +232,7 @@ class ScalerWatch(Watcher):
                 it = self.state.step
                 self.state.pending.read(info.scale_copy(sc._scale), lambda v: info.scales.append((it, v)))
             info.stepped_since_update = info.unscaled_since_update = info.backward_scaled = False
-            self.scalers.after_update()
+            self.state.scalers.after_update()
             return out
         return update
 
@@ -251,14 +245,14 @@ class ScalerWatch(Watcher):
         return clip
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not torch.compiler.is_compiling() and not self.scalers.in_step:
+        if not torch.compiler.is_compiling() and not self.state.scalers.in_step:
             self.on_direct_step(opt)
 
     def on_clip(self, params: list[torch.Tensor], fname: str) -> None:
-        scalers = [(sc, info) for sc, info in self.scalers.enabled_scalers() if info.backward_scaled]
+        scalers = [(sc, info) for sc, info in self.state.scalers.enabled_scalers() if info.backward_scaled]
         if not scalers:
             return
-        owners = self.optimizers.owners(params)
+        owners = self.state.optimizers.owners(params)
         for sc, info in scalers:
             # An engine's info is scaled exactly from its backward to its unscale (watchers.engine).
             states = [] if info.engine else [sc._per_optimizer_states.get(id(o)) for o in owners] or [None]
@@ -290,8 +284,8 @@ class ScalerWatch(Watcher):
 
     def on_direct_step(self, opt: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` called outside ``scaler.step`` while gradients are scaled."""
-        self.scalers.direct_steps += 1
-        for _sc, info in self.scalers.enabled_scalers():
+        self.state.scalers.direct_steps += 1
+        for _sc, info in self.state.scalers.enabled_scalers():
             if info.backward_scaled and not info.engine:
                 location = self.state.frames.caller()
                 self.state.ledger.add(
