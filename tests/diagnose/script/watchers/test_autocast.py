@@ -66,3 +66,20 @@ def test_autocast_watch_alone_reports_a_forward_after_a_step_inside_its_region()
     [request] = w.watcher.requests.values()
     assert (request.device_type, request.dtype, request.entered, request.location) == (
         "cpu", torch.bfloat16, 1, f"{HERE}:{opened}")
+
+
+def test_autocast_watch_writes_nothing_on_torch_autocast_objects() -> None:
+    """What the watcher knows of an autocast object (its request, line, paused entry) is kept beside it."""
+    made: list[torch.autocast] = []
+
+    def loop() -> None:
+        model = nn.Linear(4, 2)
+        made.append(torch.autocast("cpu", dtype=torch.bfloat16))
+        for _ in range(2):
+            with made[0]:
+                model(torch.randn(3, 4)).float().sum().backward()
+
+    ctx = observe(loop)
+    assert [name for name in vars(made[0]) if name.startswith("_ampkit")] == []
+    [req] = ctx.autocast.requests.values()
+    assert (req.requested, req.entered) == (True, 2) and req.location is not None

@@ -156,3 +156,24 @@ def test_scaler_watch_alone_reports_clipping_and_a_direct_step_on_scaled_gradien
     assert found["CLIP_BEFORE_UNSCALE"].evidence["function"] == "clip_grad_norm_"
     assert found["UNSCALE_ORDER_ERROR"].location == f"{HERE}:{line + 1}"
     assert w.state.scalers.direct_steps == 1
+
+
+def test_scaler_watch_writes_nothing_on_the_exception_it_explains() -> None:
+    raised: list[BaseException] = []
+
+    def loop() -> None:
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        _micro_batch(model, scaler)
+        scaler.step(opt)
+        try:
+            scaler.step(opt)  # a second step before update(): GradScaler's own order error
+        except (RuntimeError, AssertionError) as exc:
+            raised.append(exc)
+
+    ctx = observe(loop)
+    [exc] = raised
+    assert [name for name in vars(exc) if name.startswith("_ampkit")] == []
+    assert ctx.state.explained is exc
+    assert [f.code for f in ctx.state.ledger.findings()] == ["UNSCALE_ORDER_ERROR"]
