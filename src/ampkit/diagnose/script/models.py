@@ -1,7 +1,7 @@
 """The models service of the script doctor: find the user's models, capture each forward's batch and
 the gradient that flowed back into its output, and check normalisation statistics.
 
-Every watcher reads the captures (``WatchState.models``), so this sits below the watchers; the
+Every watcher reads the captures (``RunState.models``), so this sits below the watchers; the
 ``Context`` builds it first, switches its model discovery on at install and off at restore.
 
 Costs, per forward of a model (a *root*: a module called while no observed module is running):
@@ -48,7 +48,7 @@ class ModelWatch(CaptureHooks):
 
     ``on_root_forward(capture)`` is called for every root forward (the AMP observer checks the
     autocast state there); ``max_captures`` bounds how many micro-batches of one window are kept.
-    ``step`` is the optimizer step this thread's next forward belongs to (``WatchState.step``).
+    ``step`` is the optimizer step this thread's next forward belongs to (``RunState.step``).
     """
 
     def __init__(self, *, on_root_forward: Callable[[Capture], None], locate: Callable[[], str | None],
