@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ampkit.verify.noise import Judgement, judge, metric_band
-from ampkit.verify.record import RunRecord
+
+if TYPE_CHECKING:  # record.py imports precision, so torch: the CLI's parser (lint included) reads this module
+    from ampkit.verify.record import RunRecord
 
 __all__ = ["LOSS_DISTANCE_DEFINITION", "NO_SPEEDUP", "Band", "Tolerances", "band_from_runs", "compare_runs",
            "loss_distance", "smooth"]
