@@ -53,7 +53,9 @@ class AutocastWatch(Watcher):
 
     def __init__(self, state: RunState) -> None:
         super().__init__(state)
-        self._made: WeakIdentityMap[Any, _Made] = WeakIdentityMap()  # torch's autocast objects, held weakly
+        # torch's autocast objects, held weakly; nothing is written on them.  Cost: about 3 µs per autocast block
+        # built and entered (an entry per object, a lookup per enter and per exit) over attributes on the object.
+        self._made: WeakIdentityMap[Any, _Made] = WeakIdentityMap()
         self.requests: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
         """Autocast objects entered, by (line, device type, dtype)."""
         self.built: dict[tuple[str | None, str, torch.dtype], AutocastRequest] = {}
