@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from ampkit.diagnose.report.json import doctor_document
 from ampkit.diagnose.script.context import Context
 from ampkit.diagnose.script.mixed import (
     fp32_note,
@@ -172,7 +173,7 @@ def test_mixed_precision_json_record_of_a_script_run_validates_against_the_schem
             scaler.update()
     """))
     report = run_script(script, checkup=False, measure_speed=False)
-    doc = json.loads(json.dumps(report.to_json()))
+    doc = json.loads(json.dumps(doctor_document(report)))
     jsonschema.validate(doc, json.loads(resources.files("ampkit").joinpath("schemas/doctor.schema.json").read_text()))
     record = doc["mixed_precision"]
     assert record["requested"]["flags"] == {"dtype": "float16"}
