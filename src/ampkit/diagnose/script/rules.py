@@ -89,9 +89,7 @@ def _scale_collapse(ctx: Context) -> None:
                           evidence=evidence if share is None else {**evidence, "judgement": rule.evidence(share)})
         if outcome == "borderline" and share is not None:
             finding = as_borderline(finding, rule, share)
-        ctx.state.ledger.add("SCALE_COLLAPSE", key=info.location, message=finding.message, fix=finding.fix,
-                       severity=finding.severity, location=finding.location, step=finding.step,
-                       evidence=finding.evidence)
+        ctx.state.ledger.add(finding, key=info.location)
 
 
 def _boundary_overflow(ctx: Context) -> None:
@@ -238,13 +236,11 @@ def _slow_low_precision(ctx: Context) -> None:
     if last is not None and fp8_layer_names(last.root):  # fp8 layers: their GEMMs are timed against bf16
         finding = slow_fp8_gemm(str(last.device))
         if finding is not None:
-            ctx.state.ledger.add(finding.code, key=(str(last.device), "fp8"), message=finding.message, fix=finding.fix,
-                           severity=finding.severity, evidence=finding.evidence)
+            ctx.state.ledger.add(finding, key=(str(last.device), "fp8"))
     f = ctx.state.forwards
     used = {d for d, n in (f.autocast + f.half_params).items() if n and d in LOW_PRECISION_DTYPES}
     for device in sorted(f.devices):
         for dtype in sorted(used, key=str):
             finding = slow_low_precision(dtype_name(dtype), device)
             if finding is not None:
-                ctx.state.ledger.add(finding.code, key=(device, dtype), message=finding.message, fix=finding.fix,
-                               severity=finding.severity, evidence=finding.evidence)
+                ctx.state.ledger.add(finding, key=(device, dtype))

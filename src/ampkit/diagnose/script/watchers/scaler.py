@@ -164,8 +164,7 @@ class ScalerWatch(Watcher):
                                     module=None, step=it,
                                     where=where_now(frames, self.state.models, self.state.iteration, skip=2),
                                     evidence=rule.evidence(call))
-        self.state.ledger.add(finding.code, key=location, message=finding.message, fix=finding.fix,
-                              location=location, step=it, evidence=finding.evidence)
+        self.state.ledger.add(finding, key=location)
         self.state.explained = exc
 
     def _wrap_unscale(self, orig: Callable[..., Any]) -> Callable[..., Any]:
