@@ -165,22 +165,8 @@ def numerics_table_stale() -> list[str]:
     return stale
 
 
-def _xdist_group(item: pytest.Item) -> str:
-    """The worker group of a test under ``pytest -n``: a corpus case's tests share one worker (they
-    read one doctor run, cached per process), the tests of any other module share one too (its module
-    and session fixtures run once, and its tests keep their order)."""
-    callspec = getattr(item, "callspec", None)
-    case = callspec.params.get("case") if callspec is not None else None
-    if isinstance(case, dict) and "name" in case:
-        return f"case-{case['name']}"
-    return item.nodeid.split("::")[0]
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
-        if grouped:
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
         path = Path(str(item.fspath)).resolve()
         rel = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else None
         if rel in NUMERICS:
