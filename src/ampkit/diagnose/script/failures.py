@@ -25,7 +25,7 @@ from ampkit.diagnose.capture import Capture
 from ampkit.diagnose.script.lossgrad import LossGrads, loss_grad_text
 from ampkit.diagnose.script.losstrace import HIDDEN_LOSS_CODE, LossSideTrace, hidden_code_text, loss_code_text
 from ampkit.diagnose.script.state import Failure, FailureCause, RunState, SkipCause
-from ampkit.findings import Code, nonfinite_input
+from ampkit.findings import Code, Finding, nonfinite_input
 
 __all__ = [
     "arm_loss_trace", "boundary_overflow", "check_norm_stats", "close_loss_trace", "end_iteration", "found_read",
@@ -169,11 +169,11 @@ def _inputs_nonfinite(state: RunState, caps: list[Capture], it: int) -> bool:
                 f"input #{i} of {model} ({tuple(x.shape)}, {dtype_name(x.dtype)}) holds NaN/inf in {len(idx)} "
                 f"of {rows.numel()} samples (indices {idx[:8]}{' ...' if len(idx) > 8 else ''}) at step {it}, "
                 "before any low-precision op runs")
-            state.ledger.add(
-                "NONFINITE_INPUT", key=("input", model, i), message=message, fix=fix,
+            state.ledger.add(Finding(
+                code="NONFINITE_INPUT", severity="error", message=message, fix=fix,
                 location=cap.location, step=it,
                 evidence={"input": i, "samples": idx[:32], "batch_size": int(rows.numel())},
-            )
+            ), key=("input", model, i))
     return bad
 
 
@@ -193,18 +193,19 @@ def loss_code_nonfinite(state: RunState, cap: Capture, failure: Failure) -> None
     def report(trace: LossSideTrace | None) -> None:
         first = trace.first if trace is not None else None
         if first is None:
-            state.ledger.add(
-                "FORWARD_NAN" if nan else "FORWARD_OVERFLOW", key=("loss-code", label),
+            state.ledger.add(Finding(
+                code="FORWARD_NAN" if nan else "FORWARD_OVERFLOW", severity="error",
                 message=(f"the loss became {became} at step {failure.step} although the outputs of {label} "
                          "were finite: the op that produced it runs between the model and the loss (the loss "
                          "function or a post-processing step), in low precision"),
                 fix="compute the loss from fp32 values: `loss_fn(output.float(), target)`, and guard "
                     "log/div/exp against zero and huge inputs",
-                location=cap.location, step=failure.step)
+                location=cap.location, step=failure.step), key=("loss-code", label))
             return
-        state.ledger.add(
-            "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", key=("loss-code", label), op=first.op,
-            step=failure.step, location=first.location, **loss_code_text(first, label, became, failure.step))
+        state.ledger.add(Finding(
+            code="FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", severity="error", op=first.op,
+            step=failure.step, location=first.location, **loss_code_text(first, label, became, failure.step),
+        ), key=("loss-code", label))
 
     arm_loss_trace(state, report)
 
@@ -223,8 +224,9 @@ def boundary_overflow(state: RunState, cap: Capture, failure: Failure) -> None:
     def report(trace: LossSideTrace | None) -> None:
         bad = trace.grads.judge() if trace is not None and trace.grads is not None else None
         if bad is not None:
-            state.ledger.add("BACKWARD_OVERFLOW", key="loss-code-backward", op=bad.op, step=failure.step,
-                             location=bad.location, **loss_grad_text(bad, label, failure.step))
+            state.ledger.add(Finding(code="BACKWARD_OVERFLOW", op=bad.op, step=failure.step,
+                                     location=bad.location, **loss_grad_text(bad, label, failure.step)),
+                             key="loss-code-backward")
 
     arm_loss_trace(state, report, grads_at_scale=float(cap.scale) if cap.scale is not None else 1.0)
 
@@ -233,9 +235,10 @@ def taped_loss_code(state: RunState, label: str, became: str, step: int) -> bool
     """Report the op of ``step``'s own loss-side calls that made its non-finite loss; False without one."""
     first = state.tapes.first_bad(step)
     if first is not None:
-        state.ledger.add("FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", key=("loss-code", label), op=first.op,
-                         step=step, location=first.location,
-                         **loss_code_text(first, label, became, step, recorded=True))
+        state.ledger.add(Finding(code="FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW", severity="error",
+                                 op=first.op, step=step, location=first.location,
+                                 **loss_code_text(first, label, became, step, recorded=True)),
+                         key=("loss-code", label))
     return first is not None
 
 
@@ -246,8 +249,8 @@ def hidden_loss_code(state: RunState, label: str, failure: Failure) -> bool:
     if first is None:
         return False
     code: Code = "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW"
-    state.ledger.add(code, key=HIDDEN_LOSS_CODE, op=first.op, step=failure.step, location=first.location,
-                     **hidden_code_text(first, label, failure.step))
+    state.ledger.add(Finding(code=code, severity="error", op=first.op, step=failure.step, location=first.location,
+                             **hidden_code_text(first, label, failure.step)), key=HIDDEN_LOSS_CODE)
     if failure.kind == "nonfinite_grads" and state.corrupted_by is None:
         state.corrupted_by = (code, HIDDEN_LOSS_CODE, failure.step)  # the unguarded step applied them
     return True

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampkit.findings import CODES, SEVERITY_ORDER, Code, Finding
+from ampkit.findings import SEVERITY_ORDER, Code, Finding
 
 __all__ = ["Ledger"]
 
@@ -37,16 +37,11 @@ class Ledger:
         self._lock = threading.Lock()
         """Findings arrive from every thread that trains: a lookup and its insert or count are one step."""
 
-    def add(self, finding: Finding | Code, *, key: Any = None, **fields: Any) -> bool:
+    def add(self, finding: Finding, *, key: Any = None) -> bool:
         """Record ``finding`` under ``(finding.code, key)``; returns True when it is the first of its key.
 
         A later one is counted (its step listed), and raises the kept finding's severity when it is worse.
-        Given a code instead, ``fields`` are the rest of its ``Finding`` (``severity`` defaults to the code's).
         """
-        if not isinstance(finding, Finding):
-            if finding not in CODES:
-                raise ValueError(f"unknown finding code {finding!r}; known: {sorted(CODES)}")
-            finding = Finding(code=finding, severity=fields.pop("severity", None) or CODES[finding], **fields)
         with self._lock:
             entry = self._entries.get((finding.code, key))
             if entry is None:

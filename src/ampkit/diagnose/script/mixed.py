@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit._util.dtypes import dtype_name
-from ampkit.findings import accelerate_fp16_off, mixed_precision_off
+from ampkit.findings import Finding, accelerate_fp16_off, mixed_precision_off
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
@@ -225,10 +225,11 @@ def _scaler_off(ctx: Context, info: ScalerInfo, trained: str | None, device: str
         turn_on = _turn_on_scaler(device, autocast_there=False)
     message, fix = mixed_precision_off(
         f"the {info.built_as} built at {info.location} (device {info.device!r}, enabled=True)", actual, why, turn_on)
-    ctx.state.ledger.add("MIXED_PRECISION_OFF", key=("scaler", info.location), severity=severity, message=message,
-                   fix=fix, location=info.location,
-                   evidence={"what": "scaler", "off_reason": reason, "built_as": info.built_as,
-                             "scaler_device": info.device, "model_device": device, "trained_in": trained})
+    ctx.state.ledger.add(Finding(
+        code="MIXED_PRECISION_OFF", severity=severity, message=message, fix=fix, location=info.location,
+        evidence={"what": "scaler", "off_reason": reason, "built_as": info.built_as,
+                  "scaler_device": info.device, "model_device": device, "trained_in": trained},
+    ), key=("scaler", info.location))
 
 
 def _no_autocast(ctx: Context, flags: Mapping[str, str], device: str) -> None:
@@ -270,9 +271,11 @@ def _no_autocast(ctx: Context, flags: Mapping[str, str], device: str) -> None:
                       if device == "cpu" else ""))
     message, fix = mixed_precision_off("the script (" + "; ".join(asked) + ")", _fp32_actual(ctx.state.forwards.total),
                                        why, turn_on)
-    ctx.state.ledger.add("MIXED_PRECISION_OFF", key="no_autocast", message=message, fix=fix, location=where,
-                   evidence={"what": "autocast", "forwards": ctx.state.forwards.total, "autocast_regions": 0,
-                             "flags": dict(flags), "model_device": device})
+    ctx.state.ledger.add(Finding(
+        code="MIXED_PRECISION_OFF", severity="warning", message=message, fix=fix, location=where,
+        evidence={"what": "autocast", "forwards": ctx.state.forwards.total, "autocast_regions": 0,
+                  "flags": dict(flags), "model_device": device},
+    ), key="no_autocast")
 
 
 def _framework_off(ctx: Context, device: str) -> None:
@@ -288,11 +291,12 @@ def _framework_off(ctx: Context, device: str) -> None:
         turn_on = f"run on a device with {req.dtype} support (check `ampkit env`)"
     built = f" (built at {req.location})" if req.location else ""
     message, fix = mixed_precision_off(f"{req.setting}{built}", _fp32_actual(ctx.state.forwards.total), reason, turn_on)
-    ctx.state.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
-                   location=req.location,
-                   evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
-                             "forwards": ctx.state.forwards.total, "autocast_regions": 0, "model_device": device,
-                             "requested": req.dtype, "ran": "fp32"})
+    ctx.state.ledger.add(Finding(
+        code="MIXED_PRECISION_OFF", severity="warning", message=message, fix=fix, location=req.location,
+        evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
+                  "forwards": ctx.state.forwards.total, "autocast_regions": 0, "model_device": device,
+                  "requested": req.dtype, "ran": "fp32"},
+    ), key=("framework", req.setting))
 
 
 def _framework_other_dtype(ctx: Context) -> None:
@@ -309,8 +313,9 @@ def _framework_other_dtype(ctx: Context) -> None:
     actual = (f"the forwards ran under {'/'.join(ran)} autocast ({regions} region(s)): the model trained in "
               f"{'/'.join(ran)} mixed precision, with {'/'.join(ran)}'s precision and range instead of {req.dtype}'s")
     message, fix = mixed_precision_off(f"{req.setting}{built}", actual, reason, turn_on, dtype=req.dtype)
-    ctx.state.ledger.add("MIXED_PRECISION_OFF", key=("framework", req.setting), message=message, fix=fix,
-                   location=req.location,
-                   evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
-                             "forwards": ctx.state.forwards.total, "autocast_regions": regions, "requested": req.dtype,
-                             "ran": "/".join(ran)})
+    ctx.state.ledger.add(Finding(
+        code="MIXED_PRECISION_OFF", severity="warning", message=message, fix=fix, location=req.location,
+        evidence={"what": "framework", "setting": req.setting, "framework": req.framework,
+                  "forwards": ctx.state.forwards.total, "autocast_regions": regions, "requested": req.dtype,
+                  "ran": "/".join(ran)},
+    ), key=("framework", req.setting))

@@ -104,8 +104,8 @@ def _boundary_overflow(ctx: Context) -> None:
     recovered = any(step not in ctx.state.skips for step in range(hits[0] + 1, ctx.state.steps + 1))
     collapsed = ctx.state.ledger.has("SCALE_COLLAPSE", acting=True) or not recovered
     label = ctx.state.locations.get("boundary_model")
-    ctx.state.ledger.add(
-        "BACKWARD_OVERFLOW", key="boundary", severity="error" if collapsed else "info",
+    ctx.state.ledger.add(Finding(
+        code="BACKWARD_OVERFLOW", severity="error" if collapsed else "info",
         message=(f"on {len(hits)} skipped step(s) (first: {hits[0]}) the gradient was already inf/NaN where it "
                  f"reached the output of {label}: the overflow happened in the code between the model and the loss "
                  "(ops outside any module that ran in low precision), not inside the model"
@@ -115,7 +115,7 @@ def _boundary_overflow(ctx: Context) -> None:
              "normalisation/temperature scaling" if collapsed else
              "nothing to change if it happens only while the scale settles"),
         location=ctx.state.locations.get("boundary_overflow"), step=hits[0], evidence={"steps": hits[:32]},
-    )
+    ), key="boundary")
 
 
 def _scheduler_on_skip(ctx: Context) -> None:
@@ -124,10 +124,10 @@ def _scheduler_on_skip(ctx: Context) -> None:
         return  # an epoch-level scheduler after a skipped last step is not worth a warning
     location = ctx.state.locations.get("scheduler_step")
     message, fix = scheduler_stepped_on_skip(len(hits), hits[0])
-    ctx.state.ledger.add(
-        "SCHEDULER_STEPPED_ON_SKIP", key=location, message=message, fix=fix,
+    ctx.state.ledger.add(Finding(
+        code="SCHEDULER_STEPPED_ON_SKIP", severity="warning", message=message, fix=fix,
         location=location, step=hits[0], evidence={"skipped_scheduler_steps": len(hits), "steps": hits[:32]},
-    )
+    ), key=location)
 
 
 def _autocast_inactive(ctx: Context, intended: str | None) -> None:
@@ -136,31 +136,31 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
         if req.requested and not req.effective:
             why = ("CUDA is not available on this machine" if req.device_type == "cuda"
                    else f"{dtype_name(req.dtype)} is not an autocast dtype for {req.device_type}")
-            ctx.state.ledger.add(
-                "AUTOCAST_INACTIVE", key=("disabled", req.location),
+            ctx.state.ledger.add(Finding(
+                code="AUTOCAST_INACTIVE", severity="warning",
                 message=(f"torch.autocast(device_type={req.device_type!r}, dtype={dtype_name(req.dtype)}) at "
                          f"{req.location} was disabled by torch because {why}: the forward ran in fp32"
                          + (scaler_off_too(ctx) if req.device_type == "cuda" else "")),
                 fix=("build autocast for the device the model runs on: `torch.autocast(device_type=x.device.type, "
                      "dtype=torch.bfloat16)` (on CPU prefer bf16)"),
                 location=req.location, evidence={"device_type": req.device_type, "dtype": dtype_name(req.dtype)},
-            )
+            ), key=("disabled", req.location))
     for (other, dev), n in f.wrong_device.items():
         loc = next((r.location for r in ctx.autocast.requests.values() if r.device_type == other and r.effective),
                    None)
-        ctx.state.ledger.add(
-            "AUTOCAST_INACTIVE", key=("device", other, dev),
+        ctx.state.ledger.add(Finding(
+            code="AUTOCAST_INACTIVE", severity="warning",
             message=(f"autocast was enabled for device_type={other!r} but the model runs on {dev!r}: autocast "
                      f"only casts ops of its own device type, so {n} forward(s) ran in fp32"),
             fix=f"use `torch.autocast(device_type={dev!r}, ...)` (or derive it from the model: "
                 "`next(model.parameters()).device.type`)",
             location=loc, evidence={"autocast_device_type": other, "model_device_type": dev, "forwards": n},
-        )
+        ), key=("device", other, dev))
     for thread, (n, other, where, line) in f.outside_threads.items():
         if thread in f.autocast_threads:
             continue  # this thread enters autocast itself; these were its fp32 forwards (evaluation, ...)
-        ctx.state.ledger.add(
-            "AUTOCAST_INACTIVE", key=("thread", thread),
+        ctx.state.ledger.add(Finding(
+            code="AUTOCAST_INACTIVE", severity="warning",
             message=(f"{n} forward(s) ran in thread {thread!r} in fp32 while thread {other!r} was inside "
                      f"torch.autocast (entered at {where}): autocast is thread-local, so work handed to "
                      "another thread (a thread pool, a prefetching or teacher thread) does not inherit it"),
@@ -168,46 +168,46 @@ def _autocast_inactive(ctx: Context, intended: str | None) -> None:
                  "dtype=...):` around its forward), or decorate that function with "
                  "`@torch.autocast(device_type=..., dtype=...)`"),
             location=line, evidence={"thread": thread, "autocast_thread": other, "forwards": n},
-        )
+        ), key=("thread", thread))
     used_autocast = sum(f.autocast.values()) > 0 or sum(f.half_params.values()) > 0
     scalers = [info for info in ctx.state.scalers.enabled_infos() if info.used]
     if scalers and f.total and not used_autocast and not ctx.state.ledger.has("AUTOCAST_INACTIVE"):
         info = scalers[0]
-        ctx.state.ledger.add(
-            "AUTOCAST_INACTIVE", key="scaler_without_autocast",
+        ctx.state.ledger.add(Finding(
+            code="AUTOCAST_INACTIVE", severity="warning",
             message=(f"a GradScaler (created at {info.location}) scales the loss, but none of the {f.total} "
                      "forward passes ran under autocast: the model trains in fp32 and pays for loss scaling "
                      "for nothing"),
             fix="wrap the forward and the loss in `with torch.autocast(device_type=..., dtype=torch.float16):` "
                 "(check its `enabled=` argument), or drop the GradScaler for fp32 training",
             location=info.location, evidence={"forwards": f.total},
-        )
+        ), key="scaler_without_autocast")
     if intended and f.total and not used_autocast and not ctx.state.ledger.has("AUTOCAST_INACTIVE"):
-        ctx.state.ledger.add(
-            "AUTOCAST_INACTIVE", key="intended", severity="info",
+        ctx.state.ledger.add(Finding(
+            code="AUTOCAST_INACTIVE", severity="info",
             message=(f"--precision {intended} was asked for, but no forward of the script ran under autocast "
                      "(it trains in fp32); the op-level findings show what that precision would do"),
             fix=f"wrap the forward and the loss in torch.autocast with the {intended} dtype to train in it",
-        )
+        ), key="intended")
 
 
 def _scaler_with_bf16(ctx: Context) -> None:
     for info in ctx.state.scalers.enabled_infos():
         if info.saw_bf16 and not info.saw_fp16:
-            ctx.state.ledger.add(
-                "SCALER_WITH_BF16", key=info.location,
+            ctx.state.ledger.add(Finding(
+                code="SCALER_WITH_BF16", severity="warning",
                 message=(f"a GradScaler (created at {info.location}) scales a loss computed under bf16 autocast: "
                          f"{BF16_NEEDS_NO_SCALER}"),
                 fix="drop the GradScaler for bf16 (`loss.backward(); optimizer.step()`), or pass "
                     "`enabled=(dtype == torch.float16)`",
                 location=info.location,
-            )
+            ), key=info.location)
 
 
 def _norm_stats(ctx: Context) -> None:
     for name, (it, count, after_skip) in ctx.state.norm_bad.items():
-        ctx.state.ledger.add(
-            "NORM_STATS_NONFINITE", key=name, module=name,
+        ctx.state.ledger.add(Finding(
+            code="NORM_STATS_NONFINITE", severity="error", module=name,
             message=(f"the running statistics of {name} hold {count} non-finite values (first seen at step {it}"
                      f"{', right after a skipped step' if after_skip else ''}): every eval-mode forward through "
                      "it now returns NaN. A skipped optimizer step does not undo the running-stat update of its "
@@ -215,7 +215,7 @@ def _norm_stats(ctx: Context) -> None:
             fix=(f"keep {name} (and the op feeding it) in fp32, normalise the inputs, and repair the stats: "
                  f"`model.{name}.reset_running_stats()` then a few train-mode forwards on clean batches"),
             step=it, evidence={"nonfinite": count, "after_skipped_step": after_skip},
-        )
+        ), key=name)
 
 
 @functools.cache

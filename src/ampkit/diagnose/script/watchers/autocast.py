@@ -18,6 +18,7 @@ from ampkit._util.weakmap import WeakIdentityMap
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
+from ampkit.findings import Finding
 
 _DECORATOR_FILE = torch.amp.autocast_mode.__file__
 """Where ``@torch.autocast(...)`` enters its instance (``autocast_decorator``)."""
@@ -140,8 +141,8 @@ class AutocastWatch(Watcher):
         regions = self.state.regions
         if regions.region_stepped is None or not cap.autocast_enabled or not torch.is_autocast_cache_enabled():
             return
-        self.state.ledger.add(
-            "STALE_WEIGHT_CACHE", key=regions.region_location,
+        self.state.ledger.add(Finding(
+            code="STALE_WEIGHT_CACHE", severity="error",
             message=(
                 f"the optimizer stepped at {regions.region_stepped} inside the autocast region opened at "
                 f"{regions.region_location}, and the model ran forward again in the same region: autocast "
@@ -154,4 +155,4 @@ class AutocastWatch(Watcher):
             ),
             location=self.state.frames.caller(), step=self.state.step,
             evidence={"region_opened_at": regions.region_location, "optimizer_step_at": regions.region_stepped},
-        )
+        ), key=regions.region_location)

@@ -9,7 +9,7 @@ from typing_extensions import override
 from ampkit._util.threads import PerThread, thread_values
 from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.watchers.base import Watcher
-from ampkit.findings import loss_in_low_precision_finding
+from ampkit.findings import Finding, loss_in_low_precision_finding
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["BackwardWatch"]
@@ -34,8 +34,8 @@ class BackwardWatch(Watcher):
         mine = thread_values(self)  # per-step: writes with no Python frame
         mine._scaled_now = scaled is not None and scaled.enabled and scaled.kind == "torch"
         if torch.float16 in low and (scaled is None or not scaled.enabled):
-            self.state.ledger.add(
-                "NO_LOSS_SCALING", key="backward",
+            self.state.ledger.add(Finding(
+                code="NO_LOSS_SCALING", severity="error",
                 message=(
                     "backward ran on a loss whose forward computed in fp16 without loss scaling: gradients "
                     "smaller than 2^-24 (6e-8) flush to zero in fp16, so small updates vanish silently"
@@ -51,7 +51,7 @@ class BackwardWatch(Watcher):
                     "which needs no scaling"
                 ),
                 location=self.state.frames.caller(), step=self.state.step,
-            )
+            ), key="backward")
         if loss.numel() == 1 and loss.dtype in LOW_PRECISION_DTYPES:
             location = self.state.frames.caller()
             self.state.ledger.add(loss_in_low_precision_finding(loss.dtype, location=location, step=self.state.step),

@@ -28,6 +28,7 @@ from typing_extensions import override
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
+from ampkit.findings import Finding
 
 __all__ = ["ForkEvent", "ForkWatch"]
 
@@ -76,15 +77,15 @@ class ForkWatch(Watcher):
         first, n = self.forks[0], len(self.forks)
         forked = (f"a child process at {first.location} (step {first.step})" if n == 1 else
                   f"{n} child processes (the first at {first.location}, step {first.step})")
-        self.state.ledger.add(
-            "FORKED_CHILD_UNOBSERVED", key="fork", location=first.location, step=first.step,
+        self.state.ledger.add(Finding(
+            code="FORKED_CHILD_UNOBSERVED", severity="info", location=first.location, step=first.step,
             message=(f"the script forked {forked}: ampkit doctor observes only the process it started, so what "
                      f"{'the child trains' if n == 1 else 'the children train'} is not diagnosed and writes no "
                      "report; this report is the parent's"),
             fix=("to diagnose a child's training, run it in a process of its own under the doctor (a script that "
                  "calls the child's training function), or run that work in the parent"),
             evidence={"forks": len(self.forks), "locations": [f.location for f in self.forks[:8]]},
-        )
+        ), key="fork")
 
 
 _INSTALLED: list[weakref.ReferenceType[ForkWatch]] = []

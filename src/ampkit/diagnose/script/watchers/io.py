@@ -19,6 +19,7 @@ from typing_extensions import override
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
+from ampkit.findings import Finding
 
 __all__ = ["CheckpointWatch", "checkpoint_contents"]
 
@@ -101,8 +102,8 @@ class CheckpointWatch(Watcher):
         if not off or any(i.state_taken for i in off):
             return  # a disabled scaler's state_dict() is {}: asking for it is the sign it is saved
         for e in self._saves_without_scaler():
-            self.state.ledger.add(
-                "CHECKPOINT_MISSING_SCALER", key=("latent", e.location), severity="info",
+            self.state.ledger.add(Finding(
+                code="CHECKPOINT_MISSING_SCALER", severity="info",
                 message=(
                     f"torch.save at {e.location} writes a resumable checkpoint ({', '.join(sorted(e.contents))} "
                     f"state) without the GradScaler state. The {off[0].built_as} created at {off[0].location} is "
@@ -114,7 +115,7 @@ class CheckpointWatch(Watcher):
                     "on resume, `scaler.load_state_dict(ckpt['scaler'])`",
                 location=e.location, step=e.iteration,
                 evidence={"contents": sorted(e.contents), "latent": True, "off_reason": off[0].off_reason()},
-            )
+            ), key=("latent", e.location))
 
     @override
     def finish(self) -> None:
@@ -125,8 +126,8 @@ class CheckpointWatch(Watcher):
             return
         located = scalers[0].location
         for e in self._saves_without_scaler():
-            self.state.ledger.add(
-                "CHECKPOINT_MISSING_SCALER", key=e.location,
+            self.state.ledger.add(Finding(
+                code="CHECKPOINT_MISSING_SCALER", severity="warning",
                 message=(
                     f"torch.save at {e.location} writes a resumable checkpoint ({', '.join(sorted(e.contents))} "
                     f"state) without the GradScaler state while a GradScaler (created at {located}) is in "
@@ -135,26 +136,26 @@ class CheckpointWatch(Watcher):
                 fix="save and restore the scaler with the rest: `ckpt['scaler'] = scaler.state_dict()` and, "
                     "on resume, `scaler.load_state_dict(ckpt['scaler'])` (ampkit.save_checkpoint does both)",
                 location=e.location, step=e.iteration, evidence={"contents": sorted(e.contents)},
-            )
+            ), key=e.location)
         loaded_state = any(i.state_loaded for i in scalers)
         for e in self.loads:
             if "optimizer" in e.contents and "scaler" not in e.contents:
-                self.state.ledger.add(
-                    "CHECKPOINT_MISSING_SCALER", key=("load", e.location),
+                self.state.ledger.add(Finding(
+                    code="CHECKPOINT_MISSING_SCALER", severity="warning",
                     message=(
                         f"the checkpoint loaded at {e.location} has optimizer state but no GradScaler state: "
                         "the resumed run starts again from init_scale"
                     ),
                     fix="save `scaler.state_dict()` in the checkpoint and restore it with scaler.load_state_dict",
                     location=e.location, step=e.iteration, evidence={"contents": sorted(e.contents)},
-                )
+                ), key=("load", e.location))
             elif "scaler" in e.contents and not loaded_state:
-                self.state.ledger.add(
-                    "CHECKPOINT_MISSING_SCALER", key=("unused", e.location),
+                self.state.ledger.add(Finding(
+                    code="CHECKPOINT_MISSING_SCALER", severity="warning",
                     message=(
                         f"the checkpoint loaded at {e.location} holds GradScaler state, but "
                         "scaler.load_state_dict was never called: the run resumed from init_scale"
                     ),
                     fix="call `scaler.load_state_dict(ckpt['scaler'])` when resuming",
                     location=e.location, step=e.iteration,
-                )
+                ), key=("unused", e.location))

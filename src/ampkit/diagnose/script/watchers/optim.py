@@ -18,7 +18,7 @@ from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services.optimizers import OptInfo
 from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
-from ampkit.findings import LOW_PRECISION_UPDATES_LOST
+from ampkit.findings import LOW_PRECISION_UPDATES_LOST, Finding
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["OptimWatch"]
@@ -102,8 +102,8 @@ class OptimWatch(Watcher):
         total = sum(len(g["params"]) for g in opt.param_groups)
         site = self.state.casts.origin(low)
         cause = f"; {site.clause()}" if site is not None else ""
-        self.state.ledger.add(
-            "LOW_PRECISION_PARAMS", key=id(opt),
+        self.state.ledger.add(Finding(
+            code="LOW_PRECISION_PARAMS", severity="error",
             message=(
                 f"{type(opt).__name__} (created at {info.location}) updates {len(low)} of {total} trainable "
                 f"parameters stored in {'/'.join(dtypes)} ({', '.join(shown)}{', ...' if len(low) > 5 else ''}){cause}: "
@@ -119,7 +119,7 @@ class OptimWatch(Watcher):
             step=self.state.step,
             evidence={"low_precision_params": len(low), "params": total, "dtypes": dtypes, "examples": shown,
                       **({"made_low_precision": site.evidence()} if site is not None else {})},
-        )
+        ), key=id(opt))
 
     # -- schedulers -------------------------------------------------------------------------------
     def _wrap_sched_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:

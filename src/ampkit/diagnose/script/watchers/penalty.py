@@ -25,6 +25,7 @@ from typing_extensions import override
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.state import RunState
 from ampkit.diagnose.script.watchers.base import Watcher
+from ampkit.findings import Finding
 
 __all__ = ["GradPenaltyWatch", "reaches_unscaled"]
 
@@ -120,8 +121,8 @@ class GradPenaltyWatch(Watcher):
         for n in noted:
             scale = float(n.scale)  # a host read, once per backward that follows such gradients
             if reaches_unscaled(loss.grad_fn, n.nodes, scale):
-                self.state.ledger.add(
-                    "GRADIENT_PENALTY_SCALED", key=n.location, location=n.location, step=n.step,
+                self.state.ledger.add(Finding(
+                    code="GRADIENT_PENALTY_SCALED", severity="error", location=n.location, step=n.step,
                     message=(f"torch.autograd.grad of a scaled loss (loss × {scale:g}) returned gradients that "
                              "still carry the loss scale, and the loss of the next backward uses them without "
                              "dividing by it: a penalty formed from them (a gradient norm, R1, WGAN-GP) is "
@@ -129,4 +130,4 @@ class GradPenaltyWatch(Watcher):
                     fix=("unscale them first, as torch's recipe does: `inv_scale = 1.0 / scaler.get_scale()`, "
                          "`grads = [g * inv_scale for g in scaled_grads]`, then form the penalty from `grads` "
                          "(inside autocast) and add it to the loss before `scaler.scale(loss).backward()`"),
-                    evidence={"loss_scale": scale})
+                    evidence={"loss_scale": scale}), key=n.location)

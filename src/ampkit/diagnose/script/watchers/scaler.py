@@ -26,7 +26,7 @@ from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.services.scalers import ScalerInfo
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.diagnose.script.where import where_now
-from ampkit.findings import loss_in_low_precision_finding
+from ampkit.findings import Finding, loss_in_low_precision_finding
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = ["ScalerWatch"]
@@ -209,8 +209,8 @@ class ScalerWatch(Watcher):
             info = self.state.scalers.info(sc)
             if sc._enabled and new_scale is None and not info.stepped_since_update and info.unscaled_since_update:
                 location = self.state.frames.caller()
-                self.state.ledger.add(
-                    "ACCUMULATION_SCALE_CHANGE", key=location,
+                self.state.ledger.add(Finding(
+                    code="ACCUMULATION_SCALE_CHANGE", severity="error",
                     message=(
                         "scaler.update() ran on a micro-batch that did not step the optimizer: the loss scale "
                         "can change while gradients accumulate, so the window sums gradients multiplied by "
@@ -221,7 +221,7 @@ class ScalerWatch(Watcher):
                          "`if (i + 1) % accum == 0: scaler.unscale_(opt); clip...; scaler.step(opt); "
                          "scaler.update(); opt.zero_grad()`"),
                     location=location, step=self.state.step,
-                )
+                ), key=location)
             try:
                 out = orig(sc, new_scale)
             except (RuntimeError, AssertionError) as exc:
@@ -271,15 +271,15 @@ class ScalerWatch(Watcher):
             fix = ("call scaler.unscale_(optimizer) right before clipping: `scaler.scale(loss).backward(); "
                    "scaler.unscale_(optimizer); torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm); "
                    "scaler.step(optimizer); scaler.update()`")
-        self.state.ledger.add(
-            "CLIP_BEFORE_UNSCALE", key=location,
+        self.state.ledger.add(Finding(
+            code="CLIP_BEFORE_UNSCALE", severity="error",
             message=(
                 f"{fname} ran on gradients that still hold loss × scale ({unscaled_by}): the threshold is "
                 "compared with scaled norms, so gradients are clipped far harder than intended (or not at all "
                 "once the scale drops)"
             ),
             fix=fix, location=location, step=self.state.step, evidence={"function": fname},
-        )
+        ), key=location)
 
     def on_direct_step(self, opt: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` called outside ``scaler.step`` while gradients are scaled."""
@@ -287,8 +287,8 @@ class ScalerWatch(Watcher):
         for _sc, info in self.state.scalers.enabled_scalers():
             if info.backward_scaled and not info.engine:
                 location = self.state.frames.caller()
-                self.state.ledger.add(
-                    "UNSCALE_ORDER_ERROR", key=("direct", location),
+                self.state.ledger.add(Finding(
+                    code="UNSCALE_ORDER_ERROR", severity="error",
                     message=(
                         f"{type(opt).__name__}.step() was called directly while the gradients hold loss × scale: "
                         "the update uses gradients multiplied by the loss scale and skips GradScaler's inf/NaN "
@@ -296,5 +296,5 @@ class ScalerWatch(Watcher):
                     ),
                     fix="replace optimizer.step() with scaler.step(optimizer), followed by scaler.update()",
                     location=location, step=self.state.step,
-                )
+                ), key=("direct", location))
                 return
