@@ -37,7 +37,7 @@ from ampkit._util.threads import PerThread, thread_values
 from ampkit._util.trees import leaves
 from ampkit.precision import LOW_PRECISION_DTYPES
 
-__all__ = ["Capture", "CaptureHooks", "Root"]
+__all__ = ["Capture", "CaptureHooks", "Root", "running_stats"]
 
 _AUTOCAST_DEVICES = tuple(d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d))
 
@@ -401,13 +401,17 @@ def _pop_to(stack: list[nn.Module], module: nn.Module) -> bool:
     return True
 
 
-def _running_stats(module: nn.Module) -> list[torch.Tensor]:
-    """The floating running-statistics buffers of ``module``'s normalisation layers."""
-    out = []
+def running_stats(module: nn.Module) -> Iterator[tuple[nn.Module, list[torch.Tensor]]]:
+    """Each normalisation layer of ``module`` that tracks running statistics, with their floating buffers."""
     for mod in module.modules():
         if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
-            out += [b for b in (mod.running_mean, mod.running_var) if b is not None and b.is_floating_point()]
-    return out
+            bufs = [b for b in (mod.running_mean, mod.running_var) if b is not None and b.is_floating_point()]
+            if bufs:
+                yield mod, bufs
+
+
+def _running_stats(module: nn.Module) -> list[torch.Tensor]:
+    return [b for _, bufs in running_stats(module) for b in bufs]
 
 
 def _device_and_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype | None]:

@@ -21,7 +21,7 @@ import torch
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.threads import thread_values
-from ampkit.diagnose.capture import Capture
+from ampkit.diagnose.capture import Capture, running_stats
 from ampkit.diagnose.script.lossgrad import LossGrads, loss_grad_text
 from ampkit.diagnose.script.losstrace import HIDDEN_LOSS_CODE, LossSideTrace, hidden_code_text, loss_code_text
 from ampkit.diagnose.script.state import Failure, FailureCause, RunState, SkipCause
@@ -110,7 +110,8 @@ def check_norm_stats(state: RunState, after_skip: bool = False) -> None:
     """Read the models' normalisation statistics for non-finite values (deferred; NORM_STATS_NONFINITE)."""
     names = state.models.named_modules()
     it = state.step
-    for mod, bad in state.models.norm_stats():
+    for mod, bufs in (layer for model in state.models.models() for layer in running_stats(model)):
+        bad = torch.stack([(~torch.isfinite(b)).sum() for b in bufs]).sum()  # a device scalar, read deferred
         name = names.get(id(mod), type(mod).__name__)
 
         def judge(v: float, name: str = name) -> None:

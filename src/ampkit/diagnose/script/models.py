@@ -1,5 +1,5 @@
 """The models service of the script doctor: find the user's models, capture each forward's batch and
-the gradient that flowed back into its output, and check normalisation statistics.
+the gradient that flowed back into its output.
 
 Every watcher reads the captures (``RunState.models``), so this sits below the watchers; the
 ``Context`` builds it first, switches its model discovery on at install and off at restore.
@@ -43,8 +43,8 @@ def is_compile_wrapper(module: nn.Module) -> bool:
 
 class ModelWatch(CaptureHooks):
     """Roots found by discovery, their captures for the current optimizer window (``CaptureHooks``: the
-    per-thread windows, a worker thread's forward joining the thread that backpropagates it), their
-    names, and norm-statistics checks.
+    per-thread windows, a worker thread's forward joining the thread that backpropagates it) and their
+    names.
 
     ``on_root_forward(capture)`` is called for every root forward (the AMP observer checks the
     autocast state there); ``max_captures`` bounds how many micro-batches of one window are kept.
@@ -168,15 +168,3 @@ class ModelWatch(CaptureHooks):
                                 return f"{name}.{path.removeprefix('_orig_mod.')}"
             frame = frame.f_back
         return type(module).__name__
-
-    # -- normalisation statistics -----------------------------------------------------------
-    def norm_stats(self) -> list[tuple[nn.Module, torch.Tensor]]:
-        """``(module, non-finite count)`` for every module with running statistics (device scalars)."""
-        out: list[tuple[nn.Module, torch.Tensor]] = []
-        for model in self.models():
-            for mod in model.modules():
-                if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
-                    bufs = [b for b in (mod.running_mean, mod.running_var) if b is not None]
-                    if bufs:
-                        out.append((mod, torch.stack([(~torch.isfinite(b)).sum() for b in bufs]).sum()))
-        return out
