@@ -32,7 +32,6 @@ __all__ = [
     "TensorStats",
     "finalize_many",
     "finalize_ranges",
-    "format_name",
     "headroom",
     "merge_ranges",
     "pending_range",
@@ -67,14 +66,6 @@ FORMATS: dict[str, FormatRange] = {
 
 # Lower bound of the normal range per format, in FORMATS order: the subnormal counters use them.
 _MIN_NORMALS = [FORMATS[k].min_normal for k in FORMATS]
-
-
-def format_name(dtype: torch.dtype) -> str | None:
-    """Short name of a low-precision dtype (``torch.float16`` -> ``"fp16"``), else None."""
-    for name, fr in FORMATS.items():
-        if fr.torch_dtype == dtype:
-            return name
-    return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.display import display_location, display_module, keep_fp32_fix
-from ampkit.diagnose.core.stats import FORMATS, format_name
+from ampkit.diagnose.core.stats import FORMATS
 from ampkit.diagnose.step.events import Producer, find_producer
 from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.diagnose.step.trace import TraceLog
@@ -121,7 +121,7 @@ def backward_finding(s: Session, lp: RunResult, p: Producer, *, step: int | None
     rec = p.record
     scale = s.program.loss_scale
     fwd_op = lp.log.records[rec.forward_op].op if lp.log and rec.forward_op is not None else None
-    lp_name = format_name(s.precision.dtype) or s.precision.name
+    lp_name = dtype_name(s.precision.dtype)
     evidence: dict[str, Any] = {
         "phase": "backward", "kind": p.kind, "loss_scale": scale, "forward_op": fwd_op, "node": rec.node,
         "input_dtypes": list(p.in_dtypes), "output_dtype": p.out_dtype,
