@@ -140,11 +140,6 @@ class Capture:
             with torch.no_grad():
                 torch._foreach_copy_(buffers, now)
 
-    def float_inputs(self) -> Iterator[torch.Tensor]:
-        for x in leaves((self.args, self.kwargs)):
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                yield x
-
 
 @dataclass
 class Root:

@@ -22,6 +22,7 @@ import torch
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.threads import thread_values
 from ampkit.diagnose.capture import Capture, running_stats
+from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.script.lossgrad import LossGrads, loss_grad_text
 from ampkit.diagnose.script.losstrace import HIDDEN_LOSS_CODE, LossSideTrace, hidden_code_text, loss_code_text
 from ampkit.diagnose.script.state import Failure, FailureCause, RunState, SkipCause
@@ -153,7 +154,7 @@ def _inputs_nonfinite(state: RunState, caps: list[Capture], it: int) -> bool:
     """NONFINITE_INPUT: non-finite values in a captured batch (a host read; failure path only)."""
     bad = False
     for cap in caps:
-        for i, x in enumerate(cap.float_inputs()):
+        for i, x in enumerate(float_tensors((cap.args, cap.kwargs))):
             rows = (~torch.isfinite(x.detach())).reshape(x.shape[0], -1).any(1) if x.dim() else \
                 (~torch.isfinite(x.detach())).reshape(1)
             idx = rows.nonzero().flatten().tolist()
@@ -250,8 +251,9 @@ def hidden_loss_code(state: RunState, label: str, failure: Failure) -> bool:
     if first is None:
         return False
     code: Code = "FORWARD_NAN" if first.nan else "FORWARD_OVERFLOW"
-    state.ledger.add(Finding(code=code, severity="error", op=first.op, step=failure.step, location=first.location,
-                             **hidden_code_text(first, label, failure.step)), key=HIDDEN_LOSS_CODE)
+    state.ledger.add(Finding(code=code, severity="error", op=first.op, step=failure.step,
+                             location=first.location, **hidden_code_text(first, label, failure.step)),
+                     key=HIDDEN_LOSS_CODE)
     if failure.kind == "nonfinite_grads" and state.corrupted_by is None:
         state.corrupted_by = (code, HIDDEN_LOSS_CODE, failure.step)  # the unguarded step applied them
     return True

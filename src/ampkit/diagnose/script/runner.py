@@ -35,6 +35,7 @@ import torch
 from ampkit._util.frames import UserFrames
 from ampkit._util.heartbeat import Heartbeat
 from ampkit.diagnose.capture import Capture
+from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.replay import replay, replay_precision
 from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.checkup import (
@@ -159,7 +160,7 @@ class _Runner:
         """
         if failure.cause == "nonfinite_data":
             return next((c for c in reversed(caps) if any(not bool(torch.isfinite(x).all())
-                                                          for x in c.float_inputs())), caps[-1])
+                                                          for x in float_tensors((c.args, c.kwargs)))), caps[-1])
         if failure.cause == "nonfinite_loss":
             # The first bad value decides: the earliest forward of the window whose output is non-finite
             # (a frozen teacher's, before the student that reads it).

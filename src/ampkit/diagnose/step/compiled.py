@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ampkit._util.dtypes import dtype_name
+from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.step.compare import sqnr_db
 from ampkit.diagnose.step.session import copy_model
 
@@ -189,8 +190,7 @@ def _leaf(x: Any) -> Any:
 
 
 def _grad_outputs(out: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(out)
-    return [x for x in leaves if isinstance(x, torch.Tensor) and x.is_floating_point() and x.requires_grad]
+    return [x for x in float_tensors(out) if x.requires_grad]
 
 
 def _record(model: nn.Module, args: Any, kwargs: Any, autocast: Callable[[], Any],
@@ -234,9 +234,7 @@ def _run(module: Callable[..., Any], params: nn.Module, call: _Call,
     torch.manual_seed(0)
     with autocast():
         out = module(*args, **kwargs)
-    leaves, _ = tree_flatten(out)
-    floats = [x for x in leaves if isinstance(x, torch.Tensor) and x.is_floating_point()]
-    got = [("output" if i == 0 else f"output #{i}", x.detach()) for i, x in enumerate(floats)]
+    got = [("output" if i == 0 else f"output #{i}", x.detach()) for i, x in enumerate(float_tensors(out))]
     pairs = [(o, g) for o, g in zip(_grad_outputs(out), call.grads) if g is not None]
     inputs = [(f"grad of input #{i}", x) for i, x in enumerate(tree_flatten((args, kwargs))[0])
               if isinstance(x, torch.Tensor) and x.requires_grad]
