@@ -4,13 +4,10 @@ the gradient that flowed back into its output.
 Every watcher reads the captures (``RunState.models``), so this sits below the watchers; the
 ``Context`` builds it first, switches its model discovery on at install and off at restore.
 
-Costs, per forward of a model (a *root*: a module called while no observed module is running):
-one pre-hook and one post-hook call, a copy of the CPU RNG state (about 5 KB), and one
-``register_hook`` per output tensor.  The gradient reaching the output is kept by reference
-until the optimizer step (memory: one output-sized tensor per micro-batch, capped by
-``grad_capture_numel``).  Global module hooks, which put *every* module call on torch's slow
-path, are switched on only for sampled steps to discover models; in between, only the roots
-carry hooks.
+Costs, per forward of a model (a *root*: a module called while no observed module is running): those
+of ``diagnose.capture`` (its module docstring gives them, and the memory kept).  Global module hooks,
+which put *every* module call on torch's slow path, are switched on only for sampled steps to discover
+models; in between, only the roots carry hooks.
 """
 
 from __future__ import annotations
