@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit._util.dtypes import dtype_name
-from ampkit.findings import Finding, accelerate_fp16_off, mixed_precision_off
+from ampkit.findings import Finding, Severity, accelerate_fp16_off, mixed_precision_off
 from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ def _scaler_off(ctx: Context, info: ScalerInfo, trained: str | None, device: str
     why = ("this machine has no CUDA device, so torch disabled the scaler when it was built (its one warning: "
            "'GradScaler is enabled, but CUDA is not available.  Disabling.')" if reason == "no_cuda"
            else f"torch does not scale losses on device {info.device!r}, so it disabled the scaler")
-    severity = "warning"
+    severity: Severity = "warning"
     if trained == "bf16" or (trained == "mixed" and _low_dtypes(ctx) == ["bf16"]):
         severity = "info"  # bf16 needs no scaling: only a GPU would reveal the mistake (SCALER_WITH_BF16)
         actual = ("bf16, which needs no loss scaling: nothing is lost on this machine, but on a GPU this scaler "
