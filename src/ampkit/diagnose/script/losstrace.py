@@ -35,10 +35,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit._util.trees import leaves
 from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.script.lossgrad import LossGrads, rerun_aside
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
@@ -134,8 +135,7 @@ def first_bad(func: Any, inputs: tuple[Any, dict[str, Any]], out: Any,
 
 
 def _nonfinite_constant(inputs: Any) -> bool:
-    leaves, _ = tree_flatten(inputs)
-    return any(isinstance(x, float) and not math.isfinite(x) for x in leaves)
+    return any(isinstance(x, float) and not math.isfinite(x) for x in leaves(inputs))
 
 
 HIDDEN_LOSS_CODE = "loss-code-hidden"
