@@ -2,6 +2,9 @@
 
 The tree is one sub-package per mode over a shared core:
 
+* ``capture.py`` and ``replay.py``: the one record of a forward (``Capture``, filled by ``CaptureHooks``)
+  and the one replay of it under a precision, with the fp32 shadow and the bisection; every doctor
+  produces captures and replays them through these two;
 * ``core/``: what every doctor shares (tensor statistics, module attribution, finding display);
 * ``step/``: the step doctor, ``diagnose_step`` (op tracing, FP32 shadow, keep-fp32 bisection);
 * ``script/``: ``ampkit doctor SCRIPT`` (runner, watchers/, end-of-run rules, error explanations);
