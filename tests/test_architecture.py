@@ -1,4 +1,4 @@
-"""The shape of src/ampkit: import layers, no cycles between files, small files and functions.
+"""The shape of src/ampkit: import layers, small files and functions (no circles: tests/test_import_graph.py).
 
 The layer table follows docs/architecture.md ("Layers").  Imports are read with ``ast``,
 function-level imports included and ``if TYPE_CHECKING:`` blocks excluded, so a lazy import
@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import cache
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-PACKAGE = SRC / "ampkit"
+from tests.helpers.imports import PACKAGE, SRC, import_targets, imports_of, modules
 
 # (module prefix, layer): the longest matching prefix decides.  A module may import its own layer
 # (without a cycle) and every layer below it.  `_util` sits below everything; `ampkit` (the lazy
@@ -39,70 +37,12 @@ MAX_FILE_LINES = 450
 MAX_DEF_LINES = 60
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
-@cache
 def _files() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return modules()
 
 
-def _resolve(name: str) -> str | None:
-    files = _files()
-    while name and name not in files:
-        name = name.rpartition(".")[0]
-    return name or None
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _import_targets(node: ast.AST, module: str, is_package: bool) -> list[str]:
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names if a.name.split(".")[0] == "ampkit"]
-    assert isinstance(node, ast.ImportFrom)
-    if node.level:
-        base = module.split(".") if is_package else module.split(".")[:-1]
-        base = base[: len(base) - (node.level - 1)]
-        target = ".".join(base + ([node.module] if node.module else []))
-    else:
-        target = node.module or ""
-    if target.split(".")[0] != "ampkit":
-        return []
-    # `from ampkit.x import y` imports the submodule ampkit.x.y when it is one, else ampkit.x
-    return [f"{target}.{a.name}" if f"{target}.{a.name}" in _files() else target for a in node.names]
-
-
-@cache
 def _imports_of(module: str) -> frozenset[str]:
-    path = _files()[module]
-    is_package = path.name == "__init__.py"
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
-                for stmt in child.orelse:
-                    visit_one(stmt)
-                continue
-            visit_one(child)
-
-    def visit_one(child: ast.AST) -> None:
-        if isinstance(child, (ast.Import, ast.ImportFrom)):
-            for target in _import_targets(child, module, is_package):
-                resolved = _resolve(target)
-                if resolved is not None and resolved != module:
-                    found.add(resolved)
-        visit(child)
-
-    visit(ast.parse(path.read_text(encoding="utf-8")))
-    return frozenset(found)
+    return imports_of(module, type_checking=False)
 
 
 def _layer(module: str) -> int:
@@ -125,43 +65,6 @@ def _upward_imports() -> set[tuple[str, str]]:
     return bad
 
 
-def _cycles() -> set[frozenset[str]]:
-    """Strongly connected components of more than one file (a package's own __init__ re-exporting
-    its submodules is its public face, not a dependency, so that edge is left out)."""
-    graph = {m: {t for t in _imports_of(m) if not t.startswith(m + ".")} for m in _files()}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: set[frozenset[str]] = set()
-
-    def strong(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                strong(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = set()
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.add(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.add(frozenset(component))
-
-    for v in graph:
-        if v not in index:
-            strong(v)
-    return found
-
-
 def test_architecture_every_module_has_a_layer() -> None:
     for module in _files():
         assert any(module == p or module.startswith(p + ".") for p in LAYERS), (
@@ -171,11 +74,6 @@ def test_architecture_every_module_has_a_layer() -> None:
 def test_architecture_no_upward_imports() -> None:
     bad = _upward_imports()
     assert bad == set(), "imports against the layers: " + ", ".join(f"{a} -> {b}" for a, b in sorted(bad))
-
-
-def test_architecture_no_import_cycles_between_files() -> None:
-    cycles = _cycles()
-    assert cycles == set(), "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in cycles)
 
 
 def test_architecture_lint_imports_nothing_outside_lint_but_the_torch_free_io() -> None:
@@ -221,7 +119,7 @@ def _names_imported_from_modules(module: str) -> list[tuple[str, str]]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
-            targets = _import_targets(node, module, is_package)
+            targets = import_targets(node, module, is_package)
             for alias, target in zip(node.names, targets):
                 if target in _files() and not target.endswith(f".{alias.name}") and target != module:
                     found.append((target, alias.name))

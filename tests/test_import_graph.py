@@ -9,56 +9,11 @@ re-exports its children imports them.  A circle is reported as its chain of modu
 
 from __future__ import annotations
 
-import ast
-from functools import cache
-from pathlib import Path
-
-SRC = Path(__file__).resolve().parents[1] / "src"
-PACKAGE = SRC / "ampkit"
+from tests.helpers.imports import imports_of, modules
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
-@cache
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def _resolve(name: str) -> str | None:
-    """The module ``name`` names, or its closest enclosing module (``ampkit.hooks.EngineHook`` -> ``ampkit.hooks``)."""
-    while name and name not in _modules():
-        name = name.rpartition(".")[0]
-    return name or None
-
-
-def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    if node.level:
-        base = module.split(".") if is_package else module.split(".")[:-1]
-        base = base[: len(base) - (node.level - 1)]
-        source = ".".join(base + ([node.module] if node.module else []))
-    else:
-        source = node.module or ""
-    return [f"{source}.{a.name}" if f"{source}.{a.name}" in _modules() else source for a in node.names]
-
-
-def imports_of(module: str) -> set[str]:
-    """Every ampkit module that ``module``'s source imports, wherever the import statement stands."""
-    path = _modules()[module]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for target in _targets(node, module, path.name == "__init__.py"):
-                resolved = _resolve(target) if target.split(".")[0] == "ampkit" else None
-                if resolved is not None and resolved != module:
-                    found.add(resolved)
-    return found
+def imports_of_all(module: str) -> frozenset[str]:
+    return imports_of(module, type_checking=True)
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -129,10 +84,10 @@ def test_import_graph_reads_type_checking_function_local_and_reexport_imports() 
     # hooks.py imports precision for its Protocol; the engine package's face imports its engine module,
     # the telemetry spec imports the engine only inside TYPE_CHECKING, the engine module imports
     # ``_boundary`` as a submodule of its own package.
-    assert "ampkit.precision" in imports_of("ampkit.hooks")
-    assert "ampkit.engine.engine" in imports_of("ampkit.engine")
-    assert "ampkit.engine" in imports_of("ampkit.telemetry.spec")
-    assert "ampkit.engine._boundary" in imports_of("ampkit.engine.engine")
+    assert "ampkit.precision" in imports_of_all("ampkit.hooks")
+    assert "ampkit.engine.engine" in imports_of_all("ampkit.engine")
+    assert "ampkit.engine" in imports_of_all("ampkit.telemetry.spec")
+    assert "ampkit.engine._boundary" in imports_of_all("ampkit.engine.engine")
 
 
 def test_import_graph_cycles_are_reported_as_module_chains() -> None:
@@ -141,6 +96,6 @@ def test_import_graph_cycles_are_reported_as_module_chains() -> None:
 
 
 def test_import_graph_has_no_cycle() -> None:
-    graph = {module: imports_of(module) for module in _modules()}
+    graph = {module: set(imports_of(module, type_checking=True)) for module in modules()}
     cycles = import_cycles(graph)
     assert cycles == [], "import circles (each a chain of imports): " + "; ".join(" -> ".join(c) for c in cycles)
