@@ -29,22 +29,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.overrides import resolve_name
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ampkit._util.dtypes import dtype_name
 from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.step.backward import node_singularity, remedy
 
-__all__ = ["FirstBadGrad", "LossGrads", "loss_grad_text", "rerun_aside"]
+__all__ = ["FirstBadGrad", "LossCall", "LossGrads", "loss_grad_text", "op_name", "rerun_aside"]
 
 
-@dataclass
-class _LossOp:
+@dataclass(slots=True)
+class LossCall:
+    """One call of the loss-side code, as a loss-side trace or tape saw it: the function, references to
+    its inputs and output, and its user line."""
+
     func: Any
     args: Any
     kwargs: dict[str, Any]
-    op: str
+    out: Any
     location: str | None
+
+
+def op_name(func: Any) -> str:
+    """torch's name of a call, in the findings' ``namespace::name`` form: ``torch::matmul``,
+    ``torch::Tensor.__matmul__``, ``torch::nn.functional.linear``."""
+    name = str(resolve_name(func) or getattr(func, "__qualname__", None) or getattr(func, "__name__", "op"))
+    return f"torch::{name.removeprefix('torch.')}"
 
 
 @dataclass(frozen=True)
@@ -75,19 +86,18 @@ class LossGrads:
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
-        self.ops: dict[Any, _LossOp] = {}
-        self.calls: list[tuple[_LossOp, Any]] = []
-        """Every loss-side call in order, with its output: the chain ``fp32_chain_finite`` re-runs."""
+        self.ops: dict[Any, LossCall] = {}
+        self.calls: list[LossCall] = []
+        """Every loss-side call in order: the chain ``fp32_chain_finite`` re-runs."""
         self.root: torch.Tensor | None = None
         self._handles: list[Any] = []
-        self._found: tuple[_LossOp, str, tuple[torch.Tensor, ...]] | None = None
+        self._found: tuple[LossCall, str, tuple[torch.Tensor, ...]] | None = None
 
-    def note(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any, op: str, location: str | None) -> None:
+    def note(self, call: LossCall) -> None:
         """A loss-side op ran: keep it and its node (its inputs too, to re-run it if its backward goes bad)."""
-        call = _LossOp(func, args, kwargs, op, location)
-        self.calls.append((call, out))
-        made = {t.grad_fn for t in float_tensors(out) if t.grad_fn is not None}
-        given = {t.grad_fn for t in float_tensors((args, kwargs)) if t.grad_fn is not None}
+        self.calls.append(call)
+        made = {t.grad_fn for t in float_tensors(call.out) if t.grad_fn is not None}
+        given = {t.grad_fn for t in float_tensors((call.args, call.kwargs)) if t.grad_fn is not None}
         for node in made - given - self.ops.keys():  # an op returning its input unchanged made no node
             self.ops[node] = call
 
@@ -97,7 +107,7 @@ class LossGrads:
         for node, op in self.ops.items():
             self._handles.append(node.register_hook(self._hook(op, node.name())))
 
-    def _hook(self, op: _LossOp, node: str) -> Any:
+    def _hook(self, op: LossCall, node: str) -> Any:
         def hook(grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
             if self._found is not None:
                 return
@@ -122,7 +132,7 @@ class LossGrads:
             op, node, incoming = self._found
             singular = node_singularity(node, _exponent(op))
             return FirstBadGrad(
-                op=op.op, location=op.location, node=node, grad_dtype=dtype_name(incoming[0].dtype),
+                op=op_name(op.func), location=op.location, node=node, grad_dtype=dtype_name(incoming[0].dtype),
                 singular=singular,
                 finite_at_scale_1=None if singular else _backward_finite(op, incoming, 1.0 / self.scale),
                 fp32_finite=self.fp32_chain_finite())
@@ -148,12 +158,12 @@ class LossGrads:
                     leaves.append(copies[id(x)])
             return copies[id(x)]
 
-        received = [t for call, _ in self.calls for t in float_tensors((call.args, call.kwargs))]
+        received = [t for call in self.calls for t in float_tensors((call.args, call.kwargs))]
         try:
             with rerun_aside(received, grad=True, fp32=True):
-                for call, out in self.calls:
+                for call in self.calls:
                     again = call.func(*tree_map(fp32, call.args), **tree_map(fp32, call.kwargs))
-                    for old, new in zip(tree_flatten(out)[0], tree_flatten(again)[0]):
+                    for old, new in zip(tree_flatten(call.out)[0], tree_flatten(again)[0]):
                         if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
                             copies[id(old)] = new
                 loss = copies.get(id(self.root))
@@ -180,15 +190,15 @@ def rerun_aside(tensors: Iterable[torch.Tensor], *, grad: bool, fp32: bool = Fal
         yield
 
 
-def _exponent(op: _LossOp) -> float | None:
+def _exponent(op: LossCall) -> float | None:
     """The scalar exponent of a ``pow`` call (``x ** 0.5``), else None."""
-    if "pow" not in op.op:
+    if "pow" not in op_name(op.func):
         return None
     value = op.args[1] if len(op.args) > 1 else op.kwargs.get("exponent")
     return float(value) if isinstance(value, numbers.Real) else None
 
 
-def _backward_finite(op: _LossOp, incoming: tuple[torch.Tensor, ...], factor: float) -> bool | None:
+def _backward_finite(op: LossCall, incoming: tuple[torch.Tensor, ...], factor: float) -> bool | None:
     """Whether ``op``'s backward is finite for ``incoming`` times ``factor``, re-run on detached copies of its
     inputs in their own dtypes; None when it cannot be re-run."""
     def leaf(x: Any) -> Any:

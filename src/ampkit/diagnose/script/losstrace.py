@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode, resolve_name
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
@@ -41,7 +41,7 @@ from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
 from ampkit._util.trees import leaves
 from ampkit.diagnose.core.modules import float_tensors
-from ampkit.diagnose.script.lossgrad import LossGrads, rerun_aside
+from ampkit.diagnose.script.lossgrad import LossCall, LossGrads, op_name, rerun_aside
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
 from ampkit.precision import LOW_PRECISION_DTYPES
 
@@ -62,8 +62,7 @@ __all__ = [
 @dataclass(frozen=True)
 class FirstBad:
     op: str
-    """torch's name of the call, in the findings' ``namespace::name`` form: ``torch::matmul``,
-    ``torch::Tensor.__matmul__``, ``torch::nn.functional.linear``."""
+    """torch's name of the call (``script.lossgrad.op_name``)."""
     location: str | None
     nan: bool
     """NaN in the output (else only ±inf: an overflow)."""
@@ -80,42 +79,49 @@ def _floats(obj: Any) -> list[torch.Tensor]:
     return [t for t in float_tensors(obj) if t.numel()]
 
 
-def _op_name(func: Any) -> str:
-    name = str(resolve_name(func) or getattr(func, "__qualname__", None) or getattr(func, "__name__", "op"))
-    return f"torch::{name.removeprefix('torch.')}"
-
-
-class LossSideTrace(TorchFunctionMode):
-    """Checks every op called in its thread while entered; ``first`` is the first finite -> non-finite op."""
+class _LossSideMode(TorchFunctionMode):
+    """Sees, in its thread while entered and not ``paused``, each call of the loss-side code (``on_call``)
+    until the loss's backward starts; ``stopped`` from then on."""
 
     def __init__(self, frames: UserFrames, paused: Callable[[], bool], grads: LossGrads | None = None) -> None:
         super().__init__()
         self.frames = frames
         self.paused = paused
         self.thread = threading.get_ident()
-        self.first: FirstBad | None = None
-        self.grads = grads
-        """Also follow the loss-side ops' backward (``script.lossgrad``), when given."""
         self.stopped = False
+        self.grads = grads
+        """Also follow the loss-side ops' backward (``script.lossgrad``), when given: armed at that backward."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
         mine = threading.get_ident() == self.thread
         if func is torch.Tensor.backward or func is torch.autograd.backward:
             if self.grads is not None and mine and not self.stopped:
-                self.grads.arm(args[0] if args else (kwargs or {}).get("tensors"))
+                self.grads.arm(args[0] if args else kwargs.get("tensors"))
             self.stopped = True  # the loss is made: what follows (gradients, the step) is not loss code
-        out = func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs)
         if not self.stopped and mine and not self.paused():
-            # An attribute read (``t.grad``, ``t.T``) cannot make the first bad value, but a view it returns
-            # is part of the loss code that the backward judgement re-runs.
-            if self.first is None and getattr(func, "__name__", "") != "__get__":
-                self._check(func, (args, kwargs or {}), out)
-            if self.grads is not None:
-                self.grads.note(func, args, kwargs or {}, out, _op_name(func), self.frames.caller())
+            self.on_call(func, args, kwargs, out)
         return out
 
-    def _check(self, func: Any, inputs: Any, out: Any) -> None:
-        self.first = first_bad(func, inputs, out, self.frames.caller)
+    def on_call(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        raise NotImplementedError
+
+
+class LossSideTrace(_LossSideMode):
+    """Checks every op called in its thread while entered; ``first`` is the first finite -> non-finite op."""
+
+    def __init__(self, frames: UserFrames, paused: Callable[[], bool], grads: LossGrads | None = None) -> None:
+        super().__init__(frames, paused, grads)
+        self.first: FirstBad | None = None
+
+    def on_call(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        # An attribute read (``t.grad``, ``t.T``) cannot make the first bad value, but a view it returns
+        # is part of the loss code that the backward judgement re-runs.
+        if self.first is None and getattr(func, "__name__", "") != "__get__":
+            self.first = first_bad(func, (args, kwargs), out, self.frames.caller)
+        if self.grads is not None:
+            self.grads.note(LossCall(func, args, kwargs, out, self.frames.caller()))
 
 
 def first_bad(func: Any, inputs: tuple[Any, dict[str, Any]], out: Any,
@@ -130,7 +136,7 @@ def first_bad(func: Any, inputs: tuple[Any, dict[str, Any]], out: Any,
         return None
     nan = any(bool(torch.isnan(o).any()) for o in bad)
     cause, fp32_nan = explain_nan(func, *inputs) if nan else (None, None)
-    return FirstBad(op=_op_name(func), location=location(), nan=nan, out_dtype=dtype_name(bad[0].dtype),
+    return FirstBad(op=op_name(func), location=location(), nan=nan, out_dtype=dtype_name(bad[0].dtype),
                     in_absmax=max(float(t.detach().abs().max()) for t in ins), cause=cause, nan_in_fp32=fp32_nan)
 
 
@@ -145,43 +151,25 @@ TAPE_LIMIT = 256
 """Loss-side calls a ``LossSideTape`` keeps per iteration; a longer loss code is judged by its first ones."""
 
 
-@dataclass(slots=True)
-class _Call:
-    func: Any
-    args: Any
-    kwargs: dict[str, Any]
-    out: Any
-    location: str | None
-
-
-class LossSideTape(TorchFunctionMode):
+class LossSideTape(_LossSideMode):
     """Records, in its thread, each call from the end of a model's forward to the loss's backward, with
     references to its inputs and output and its user line; reads nothing (``first_bad`` judges them)."""
 
     def __init__(self, frames: UserFrames, paused: Callable[[], bool], step: int) -> None:
-        super().__init__()
-        self.frames = frames
-        self.paused = paused
+        super().__init__(frames, paused)
         self.step = step
         """The optimizer step the recorded iteration belongs to."""
-        self.thread = threading.get_ident()
-        self.calls: list[_Call] = []
-        self.stopped = False
+        self.calls: list[LossCall] = []
         self.closed = False
         """Its mode is off the stack (a model's forward runs, or the loss was made)."""
         self.done = False
         """The loss was made (scaled, or an optimizer stepped): the mode does not come back."""
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.Tensor.backward or func is torch.autograd.backward:
-            self.stopped = True  # the loss is made
-        out = func(*args, **(kwargs or {}))
+    def on_call(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         # Not kept: attribute reads, and ``torch.autograd.grad`` (a gradient penalty's; or a wrapper of it):
         # its outputs are gradients, which the backward's watchers judge.
-        if not self.stopped and len(self.calls) < TAPE_LIMIT and threading.get_ident() == self.thread \
-                and getattr(func, "__name__", "") not in ("__get__", "grad") and not self.paused():
-            self.calls.append(_Call(func, args, kwargs or {}, out, self.frames.caller()))
-        return out
+        if len(self.calls) < TAPE_LIMIT and getattr(func, "__name__", "") not in ("__get__", "grad"):
+            self.calls.append(LossCall(func, args, kwargs, out, self.frames.caller()))
 
     def first_bad(self) -> FirstBad | None:
         """The first recorded call that turned finite inputs into inf/NaN (reads each tensor)."""
