@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ampkit.diagnose.capture import running_stats
 from ampkit.diagnose.core.display import display_location, display_module, sort_findings
 from ampkit.diagnose.core.stats import (
     FORMATS,
@@ -308,10 +309,10 @@ class _Diagnosis:
         )]
 
     def _find_broken_running(self) -> list[str]:
-        """Running-statistics buffers finite before the traced run and non-finite after it."""
-        before = self.s.buffers_before
-        items = [(n, b) for n, b in self.s.work.named_buffers()
-                 if "running" in n.rsplit(".", 1)[-1] and b.is_floating_point() and n in before]
+        """Running-statistics buffers (``diagnose.capture.running_stats``) finite before the traced run and
+        non-finite after it."""
+        before, names = self.s.buffers_before, {id(b): n for n, b in self.s.work.named_buffers()}
+        items = [(names[id(b)], b) for _, bufs in running_stats(self.s.work) for b in bufs]
         if not items:
             return []
         after = torch.stack([torch.isfinite(b).all() for _, b in items]).tolist()

@@ -142,8 +142,7 @@ class Session:
         self.frames = UserFrames(user_paths)
         self.param_module = module_of_param(self.model)
         self.work = copy_model(self.model)
-        self._buffers0 = {n: b.detach().clone() for n, b in self.work.named_buffers()}
-        self.buffers_before = self._buffers0
+        self.buffers_before = {n: b.detach().clone() for n, b in self.work.named_buffers()}
 
     def close(self) -> None:
         self._caller_rng.restore()
@@ -158,8 +157,8 @@ class Session:
         """Put the working copy back to the state it was copied in (buffers, no grads)."""
         with torch.no_grad():
             for n, b in self.work.named_buffers():
-                if n in self._buffers0:
-                    b.copy_(self._buffers0[n])
+                if n in self.buffers_before:
+                    b.copy_(self.buffers_before[n])
         for p in self.work.parameters():
             p.grad = None
 
