@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from ampkit.diagnose.core.perf import low_precision_speed
-from ampkit.diagnose.task import collapse_repeated_findings, diagnose_task
-from ampkit.findings import Finding
+from ampkit.diagnose.task import diagnose_task
 from ampkit.tasks.gpt import GPT, GPTConfig
 
 
@@ -70,13 +69,6 @@ def test_task_failing_step_is_replayed_and_reported() -> None:
 def test_task_rejects_negative_steps() -> None:
     with pytest.raises(ValueError, match="steps"):
         diagnose_task(TinyGPTTask(), "bf16", steps=-1)
-
-
-def test_task_merge_findings_collects_steps() -> None:
-    a = Finding(code="FORWARD_NAN", severity="error", message="m", fix="f", module="x", step=2)
-    b = Finding(code="FORWARD_NAN", severity="error", message="m2", fix="f", module="x", step=5)
-    (merged,) = collapse_repeated_findings([a, b])
-    assert merged.evidence["steps"] == [2, 5] and merged.message == "m"
 
 
 def test_perf_slow_low_precision_reports_the_measured_ratio() -> None:

@@ -10,46 +10,26 @@ diagnosis:
 3. measures whether the precision is slower than fp32 here (SLOW_LOW_PRECISION), and for fp8 whether
    its GEMM is slower than bf16's (SLOW_FP8_GEMM).
 
-Findings repeated across steps are merged into one (``evidence.steps`` lists them).
+Findings repeated across steps are merged into one per code, module and op by the script doctor's
+ledger (``script.ledger``: ``evidence.steps`` lists the steps, ``evidence.occurrences`` counts them).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
 from ampkit.diagnose.core.display import sort_findings
 from ampkit.diagnose.core.perf import fp8_gemm_speed, low_precision_speed
+from ampkit.diagnose.script.ledger import Ledger
 from ampkit.diagnose.step.api import diagnose_step
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.env import collect_environment
-from ampkit.findings import Code, Finding
 from ampkit.mixed_precision import MixedPrecision
 from ampkit.precision import Precision
 
-__all__ = ["collapse_repeated_findings", "diagnose_task"]
-
-
-def collapse_repeated_findings(findings: list[Finding]) -> list[Finding]:
-    """The same finding seen at several steps, collapsed: one per (code, module, op), the steps it
-    occurred at in ``evidence.steps``."""
-    merged: dict[tuple[Code, str | None, str | None], Finding] = {}
-    steps: dict[tuple[Code, str | None, str | None], list[int]] = {}
-    for f in findings:
-        key = (f.code, f.module, f.op)
-        if key not in merged:
-            merged[key] = f
-            steps[key] = []
-        if f.step is not None and f.step not in steps[key]:
-            steps[key].append(f.step)
-    out = []
-    for key, f in merged.items():
-        if len(steps[key]) > 1:
-            f = dataclasses.replace(f, evidence={**f.evidence, "steps": steps[key]})
-        out.append(f)
-    return sort_findings(out)
+__all__ = ["diagnose_task"]
 
 
 def diagnose_task(task: Any, precision: str | Precision = "auto", *, steps: int = 8, seed: int = 0,
@@ -94,7 +74,10 @@ def diagnose_task(task: Any, precision: str | Precision = "auto", *, steps: int 
         for slow in (low_precision_speed(prec), fp8_gemm_speed(prec)):
             if slow is not None:
                 findings.append(slow)
-    result.findings = collapse_repeated_findings(findings)
+    ledger = Ledger()
+    for f in findings:
+        ledger.add(f, key=(f.module, f.op))
+    result.findings = sort_findings(ledger.findings())
     result.environment = {**collect_environment(dev), "task": getattr(task, "name", type(task).__name__),
                           "steps": steps, "seed": seed}
     return result

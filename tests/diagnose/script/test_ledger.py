@@ -18,6 +18,14 @@ def test_doctor_observers_ledger_keeps_first_and_escalates_severity() -> None:
     assert (b.severity, b.evidence["occurrences"]) == ("warning", 1)
 
 
+def test_doctor_observers_ledger_lists_a_repeated_step_once() -> None:
+    led = Ledger()
+    for step in (2, 5, 5):
+        led.add(Finding(code="FORWARD_NAN", severity="error", message=f"at {step}", fix="f", module="x", step=step))
+    [merged] = led.findings()
+    assert (merged.message, merged.evidence["steps"], merged.evidence["occurrences"]) == ("at 2", [2, 5], 3)
+
+
 def test_doctor_observers_ledger_takes_a_finding_and_folds_into_its_own_copy() -> None:
     led = Ledger()
     f = Finding(code="SCALE_COLLAPSE", severity="error", message="m", fix="x", step=2, evidence={"cause": "c"})

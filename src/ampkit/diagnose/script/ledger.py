@@ -40,7 +40,7 @@ class Ledger:
     def add(self, finding: Finding, *, key: Any = None) -> bool:
         """Record ``finding`` under ``(finding.code, key)``; returns True when it is the first of its key.
 
-        A later one is counted (its step listed), and raises the kept finding's severity when it is worse.
+        A later one is counted (its step listed, once), and raises the kept finding's severity when it is worse.
         """
         with self._lock:
             entry = self._entries.get((finding.code, key))
@@ -50,7 +50,7 @@ class Ledger:
                 self._entries[(finding.code, key)] = _Entry(kept, steps=[] if kept.step is None else [kept.step])
                 return True
             entry.count += 1
-            if finding.step is not None and len(entry.steps) < 32:
+            if finding.step is not None and finding.step not in entry.steps and len(entry.steps) < 32:
                 entry.steps.append(finding.step)
             if SEVERITY_ORDER[finding.severity] < SEVERITY_ORDER[entry.finding.severity]:
                 entry.finding = dataclasses.replace(entry.finding, severity=finding.severity)
