@@ -11,11 +11,11 @@ the doctor JSON's ``checkup`` object (``src/ampkit/schemas/doctor.schema.json``)
 * ``precision``: the precision it replayed in (``ran``/``no_fp32``), else None;
 * ``reason``: why it did not run or was not compared (None when it ran).
 
->>> checkup_failed(20, "RuntimeError: boom")["ran"]
+>>> checkup_record("failed", 20, "RuntimeError: boom")["ran"]
 False
->>> checkup_note(checkup_failed(20, "RuntimeError: boom"))
+>>> checkup_note(checkup_record("failed", 20, "RuntimeError: boom"))
 'the fp32 checkup of step 20 could not run (RuntimeError: boom): this run was not compared with fp32'
->>> checkup_note(checkup_skipped("turned off (--no-checkup)", 20)) is None
+>>> checkup_note(checkup_record("skipped", 20, "turned off (--no-checkup)")) is None
 True
 """
 
@@ -25,12 +25,14 @@ from typing import Any
 
 from ampkit.diagnose.step.result import DiagnosisResult
 
-__all__ = ["checkup_failed", "checkup_note", "checkup_ran", "checkup_skipped", "checkup_skipped_reason"]
+__all__ = ["checkup_note", "checkup_ran", "checkup_record", "checkup_skipped_reason"]
 
 _REASON_CHARS = 300
 
 
-def _record(status: str, step: int | None, precision: str | None, reason: str | None) -> dict[str, Any]:
+def checkup_record(status: str, step: int | None, reason: str | None, precision: str | None = None) -> dict[str, Any]:
+    """The record of a checkup: ``failed`` (the replay raised: ``reason`` is the error) or ``skipped`` (not
+    attempted: ``reason`` says why); ``checkup_ran`` makes those of a replay that returned."""
     first = reason.splitlines()[0][:_REASON_CHARS] if reason else None
     return {"ran": status == "ran", "status": status, "step": step, "precision": precision, "reason": first}
 
@@ -39,18 +41,9 @@ def checkup_ran(result: DiagnosisResult) -> dict[str, Any]:
     """The record of a checkup replay that returned: ``ran``, or ``no_fp32`` when its shadow could not run."""
     shadow_error = result.comparison.get("shadow_unavailable")
     if shadow_error:
-        return _record("no_fp32", result.step, result.precision, f"the fp32 copy could not run the step ({shadow_error})")
-    return _record("ran", result.step, result.precision, None)
-
-
-def checkup_failed(step: int | None, error: str) -> dict[str, Any]:
-    """The record of a checkup replay that raised ``error``."""
-    return _record("failed", step, None, error)
-
-
-def checkup_skipped(reason: str, step: int | None) -> dict[str, Any]:
-    """The record of a checkup that was not attempted, and why."""
-    return _record("skipped", step, None, reason)
+        return checkup_record("no_fp32", result.step, f"the fp32 copy could not run the step ({shadow_error})",
+                              result.precision)
+    return checkup_record("ran", result.step, None, result.precision)
 
 
 def checkup_skipped_reason(*, enabled: bool, signal: str | None, errors: bool, observed: bool,

@@ -38,12 +38,7 @@ from ampkit.diagnose.capture import Capture
 from ampkit.diagnose.core.modules import float_tensors
 from ampkit.diagnose.replay import replay, replay_precision
 from ampkit.diagnose.script import failures
-from ampkit.diagnose.script.checkup import (
-    checkup_failed,
-    checkup_ran,
-    checkup_skipped,
-    checkup_skipped_reason,
-)
+from ampkit.diagnose.script.checkup import checkup_ran, checkup_record, checkup_skipped_reason
 from ampkit.diagnose.script.compiled import compare_last_step
 from ampkit.diagnose.script.context import Context
 from ampkit.diagnose.script.ending import SIGNAL_EXIT_STATUS, ScriptTerminated, trap_ends
@@ -114,7 +109,7 @@ class _Runner:
                 print(f"ampkit doctor: could not replay step {step} ({why}): {type(exc).__name__}: {exc}",
                       file=sys.stderr)
                 if why == "checkup":
-                    self.checkup_record = checkup_failed(step, f"{type(exc).__name__}: {exc}")
+                    self.checkup_record = checkup_record("failed", step, f"{type(exc).__name__}: {exc}")
                 return None
             if result is None:
                 return None
@@ -281,15 +276,15 @@ class _Runner:
             errors=any(d.has_errors for d in self.diagnoses), observed=last is not None,
             corrupted_at=state.corrupted_by[2] if state.corrupted_by is not None else None)
         if reason is not None or last is None:
-            self.checkup_record = checkup_skipped(reason or "", last.step if last is not None else None)
+            self.checkup_record = checkup_record("skipped", last.step if last is not None else None, reason or "")
             return
         result = self._replay(last, "checkup", last.step)
         if result is not None:
             self.checkup_record = checkup_ran(result)
         elif not self.checkup_record:  # not a failure: the step ran in fp32
-            self.checkup_record = checkup_skipped(
-                "the last captured step ran in fp32, so there is no low-precision step to compare; pass "
-                "--precision bf16 or fp16 to check what that precision would do", last.step)
+            self.checkup_record = checkup_record(
+                "skipped", last.step, "the last captured step ran in fp32, so there is no low-precision step to "
+                "compare; pass --precision bf16 or fp16 to check what that precision would do")
 
     def _scaler_summary(self) -> list[dict[str, Any]]:
         out, skips = [], self.ctx.state.skips
