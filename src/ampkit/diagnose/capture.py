@@ -104,10 +104,6 @@ class Capture:
         """(device type, dtype, enabled): the autocast state the forward ran with."""
         return self.device.type, self.autocast_dtype, self.autocast_enabled
 
-    def scale_value(self) -> float:
-        """``scale`` as a float, 1.0 when unscaled (a host read of a 0-d tensor: replay path only)."""
-        return 1.0 if self.scale is None else float(self.scale)
-
     def seed_grads(self) -> list[torch.Tensor | None]:
         """Per output, the gradient a replay starts backward from: the pre-cast one where kept."""
         return [g32 if g32 is not None else g for g, g32 in zip(self.grads, self.grads_fp32)]

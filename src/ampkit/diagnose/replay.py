@@ -69,7 +69,7 @@ def replay(cap: Capture, precision: Precision, *, shadow: bool = True, bisect: b
     replays an fp32 forward under ``--precision``); ``user_paths`` and ``on_progress`` go to the
     ``Session``; ``shadow`` and ``bisect`` to ``diagnose_program``.
     """
-    scale = cap.scale_value()
+    scale = 1.0 if cap.scale is None else float(cap.scale)  # a host read of a 0-d tensor: replay path only
     grads = [usable_seed(_normal(g), scale) for g in cap.seed_grads()]
     program = OutputGradProgram(tree_map(_normal, cap.args), tree_map(_normal, cap.kwargs), grads,
                                 loss_scale=scale, autocast=autocast or cap.autocast)

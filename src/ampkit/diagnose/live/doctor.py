@@ -86,14 +86,11 @@ class StepCapture:
     calls: list[Capture]
     losses: list[torch.Tensor]
     scale: float | torch.Tensor
+    """A 0-d tensor is read (``float``) on the replay path only."""
     grad_accumulation: int
     has_found_inf: bool = False
     flag: HostCopy | None = None
     models: list[nn.Module] = field(default_factory=list)
-
-    def scale_value(self) -> float:
-        # A host read of a 0-d tensor, on the replay path only.
-        return float(self.scale) if isinstance(self.scale, (int, float)) else float(self.scale.item())
 
 
 def failure_flag(found_inf: torch.Tensor | None, losses: list[torch.Tensor]) -> torch.Tensor | None:
@@ -291,7 +288,7 @@ class ReplayDoctor(EngineHook):
             return []
         found = self._run(cap, reason)
         if reason == "SCALE_COLLAPSE":
-            collapse = scale_collapse_finding(found, cap.step, cap.scale_value())
+            collapse = scale_collapse_finding(found, cap.step, float(cap.scale))
             self.findings.append(collapse)
             found = sort_findings([collapse, *found])
         return found
@@ -300,7 +297,7 @@ class ReplayDoctor(EngineHook):
         # Imported on the first replay: the op-level diagnosis is not loaded into healthy runs.
         from ampkit.diagnose.replay import replay
 
-        scale = cap.scale_value()
+        scale = float(cap.scale)
         engine = self._bound()
         found: list[Finding] = []
         self._replaying = self.hooks.paused = True
@@ -310,11 +307,11 @@ class ReplayDoctor(EngineHook):
                 seed_finite = call.grads_finite() is not False
                 result = replay(call, engine.precision, shadow=self.shadow, bisect=self.bisect, step=cap.step)
                 result.findings = [_with_context(f, reason, engine.optimizer_steps) for f in result.findings]
-                if not seed_finite and not any(f.severity == "error" for f in result.findings):
+                if not seed_finite and not result.has_errors:
                     result.findings = sort_findings([seed_finding(cap.losses, call.root, cap.step, scale), *result.findings])
                 self.results.append(result)
                 found.extend(result.findings)
-                if any(f.severity == "error" for f in result.findings):
+                if result.has_errors:
                     break
         except Exception as exc:  # a diagnosis must never take the training run down
             log.warning("ampkit doctor: replay of step %d failed: %s: %s", cap.step, type(exc).__name__, exc)
@@ -323,7 +320,7 @@ class ReplayDoctor(EngineHook):
             self._replaying = self.hooks.paused = False
         if any(f.code == "BACKWARD_OVERFLOW" and f.severity == "info" for f in found):
             self._scaling_ok = True
-        low = loss_finding(cap.losses, cap.step, cap.scale_value())
+        low = loss_finding(cap.losses, cap.step, float(cap.scale))
         if low is not None and not self._loss_reported:
             self._loss_reported = True
             found.append(low)
