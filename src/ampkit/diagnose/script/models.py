@@ -128,7 +128,7 @@ class ModelWatch(CaptureHooks):
         if not self._stack:
             if next(module.parameters(), None) is None:
                 return  # a loss module or a container without weights is not a model
-            self._add_root(module)
+            self.add_root(module, self._label(module))
             self._root_pre(module, args)
             return
         self._stack.append(module)
@@ -139,9 +139,6 @@ class ModelWatch(CaptureHooks):
             return
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
-
-    def _add_root(self, module: nn.Module) -> None:
-        self.add_root(module, self._label(module))
 
     def _label(self, module: nn.Module) -> str:
         """How the script names ``module``: the variable holding it (``model``), or the attribute path

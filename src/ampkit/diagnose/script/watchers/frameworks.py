@@ -25,6 +25,7 @@ judges them against what ran.  Cost: one wrapper call per object built.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -57,21 +58,21 @@ class FrameworkWatch(Watcher):
     @override
     def install(self, patches: PatchSet) -> None:
         self._patches = patches
-        patches.after_import("transformers.training_args", self._patch_training_args)
-        patches.after_import("accelerate.accelerator", self._patch_accelerator)
+        patches.after_import("transformers.training_args",
+                             functools.partial(self._wrap_class, "TrainingArguments", "__post_init__", self._wrap_post_init))
+        patches.after_import("accelerate.accelerator",
+                             functools.partial(self._wrap_class, "Accelerator", "__init__", self._wrap_accelerator))
         for name in _LIGHTNING_MODULES:
-            patches.after_import(name, self._patch_lightning)
+            patches.after_import(name, functools.partial(self._wrap_class, "Trainer", "__init__", self._wrap_lightning))
 
-    def _wrap_class(self, module: types.ModuleType, cls_name: str, method: str,
-                    make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def _wrap_class(self, cls_name: str, method: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
+                    module: types.ModuleType) -> None:
+        """Wrap ``cls_name.method`` of ``module`` (just imported) with ``make``, when the class defines it."""
         cls = getattr(module, cls_name, None)
         if isinstance(cls, type) and method in vars(cls) and self._patches is not None:
             self._patches.wrap(cls, method, make)
 
     # -- Hugging Face Trainer ---------------------------------------------------------------------------
-    def _patch_training_args(self, module: types.ModuleType) -> None:
-        self._wrap_class(module, "TrainingArguments", "__post_init__", self._wrap_post_init)
-
     def _wrap_post_init(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __post_init__(args: Any, *a: Any, **kw: Any) -> None:
             orig(args, *a, **kw)
@@ -86,9 +87,6 @@ class FrameworkWatch(Watcher):
         return __post_init__
 
     # -- Accelerate -------------------------------------------------------------------------------------
-    def _patch_accelerator(self, module: types.ModuleType) -> None:
-        self._wrap_class(module, "Accelerator", "__init__", self._wrap_accelerator)
-
     def _wrap_accelerator(self, orig: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(orig)
 
@@ -107,9 +105,6 @@ class FrameworkWatch(Watcher):
         return __init__
 
     # -- Lightning --------------------------------------------------------------------------------------
-    def _patch_lightning(self, module: types.ModuleType) -> None:
-        self._wrap_class(module, "Trainer", "__init__", self._wrap_lightning)
-
     def _wrap_lightning(self, orig: Callable[..., None]) -> Callable[..., None]:
         def __init__(trainer: Any, *a: Any, **kw: Any) -> None:
             orig(trainer, *a, **kw)
