@@ -30,7 +30,7 @@ every CPU, and only a value beyond it is a warning.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,39 +185,37 @@ def precision_findings(
     layers on an fp8 model, whose PRECISION_LOSS fix keeps layers out of fp8 (``fp8_filter``)."""
     findings: list[Finding] = []
     rule = THRESHOLDS["PRECISION_LOSS"].at(threshold_db)
-    below, borderline = _first_judged(out_sqnr, rule, order)
-    if below:
+
+    def precision_loss(judged: tuple[list[tuple[str, float]], bool], kind: str, message: Callable[[str, float], str],
+                       advice: str, **evidence: Any) -> None:
+        """PRECISION_LOSS at the first module ``judged`` names, if any (a borderline row when only those are)."""
+        below, borderline = judged
+        if not below:
+            return
         name, value = below[0]
         finding = Finding(
-            code="PRECISION_LOSS", severity="warning",
-            message=(f"{display_module(name)}'s output differs from the fp32 reference by {value:.1f} dB SQNR "
-                     f"(threshold {threshold_db:g} dB: the error is {100 * 10 ** (-value / 20):.0f}% of the signal) "
-                     f"with no overflow; it is the first module in forward order below the threshold"),
-            fix=(f"Keep {name!r} in fp32 (MixedPrecision(..., keep_fp32=[{name!r}])), or compute its sensitive "
-                 "part (reductions, exp/log, long accumulations) in fp32." if fp8_layers is None else
-                 fp8_precision_fix(name, fp8_layers, order, gradient=False)),
+            code="PRECISION_LOSS", severity="warning", message=message(display_module(name), value),
+            fix=(f"Keep {name!r} in fp32 (MixedPrecision(..., keep_fp32=[{name!r}])){advice}" if fp8_layers is None
+                 else fp8_precision_fix(name, fp8_layers, order, gradient=kind == "gradient")),
             module=name, step=step,
-            evidence={"kind": "activation", "sqnr_db": value, "threshold_db": threshold_db, "precision": precision,
+            evidence={"kind": kind, "sqnr_db": value, "threshold_db": threshold_db, **evidence,
                       "below_threshold": dict(below[:12]), "judgement": rule.evidence(value)},
         )
         findings.append(as_borderline(finding, rule, value) if borderline else finding)
+
+    precision_loss(
+        _first_judged(out_sqnr, rule, order), "activation",
+        lambda module, value: (f"{module}'s output differs from the fp32 reference by {value:.1f} dB SQNR (threshold "
+                               f"{threshold_db:g} dB: the error is {100 * 10 ** (-value / 20):.0f}% of the signal) "
+                               "with no overflow; it is the first module in forward order below the threshold"),
+        ", or compute its sensitive part (reductions, exp/log, long accumulations) in fp32.", precision=precision)
     if grads is not None:
-        gbelow, gborderline = _first_judged(grads.sqnr_db, rule)
-        if gbelow:
-            name, value = gbelow[0]
-            finding = Finding(
-                code="PRECISION_LOSS", severity="warning",
-                message=(f"the parameter gradients of {display_module(name)} differ from fp32 by {value:.1f} dB SQNR "
-                         f"(threshold {threshold_db:g} dB; global gradient SQNR {grads.global_sqnr_db:.1f} dB)"),
-                fix=(f"Keep {name!r} in fp32 (MixedPrecision(..., keep_fp32=[{name!r}])); for fp16 check the loss "
-                     "scale is high enough that small gradients keep their precision." if fp8_layers is None else
-                     fp8_precision_fix(name, fp8_layers, order, gradient=True)),
-                module=name, step=step,
-                evidence={"kind": "gradient", "sqnr_db": value, "threshold_db": threshold_db,
-                          "global_sqnr_db": grads.global_sqnr_db, "below_threshold": dict(gbelow[:12]),
-                          "judgement": rule.evidence(value)},
-            )
-            findings.append(as_borderline(finding, rule, value) if gborderline else finding)
+        precision_loss(
+            _first_judged(grads.sqnr_db, rule), "gradient",
+            lambda module, value: (f"the parameter gradients of {module} differ from fp32 by {value:.1f} dB SQNR "
+                                   f"(threshold {threshold_db:g} dB; global gradient SQNR {grads.global_sqnr_db:.1f} dB)"),
+            "; for fp16 check the loss scale is high enough that small gradients keep their precision.",
+            global_sqnr_db=grads.global_sqnr_db)
         underflow = underflow_finding(grads, threshold=underflow_threshold, precision=precision,
                                       loss_scale=loss_scale, step=step)
         if underflow is not None:
