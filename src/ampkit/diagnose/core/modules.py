@@ -26,13 +26,19 @@ from torch.utils.hooks import RemovableHandle
 
 from ampkit._util.trees import leaves
 from ampkit.diagnose.core.stats import merge_ranges, pending_range
+from ampkit.precision import LOW_PRECISION_DTYPES
 
-__all__ = ["ModuleRecorder", "energy_pair", "float_tensors", "module_of_param", "reduction_dtype"]
+__all__ = ["ModuleRecorder", "energy_pair", "float_tensors", "module_of_param", "reduction_dtype", "upcast"]
 
 
 def float_tensors(value: Any) -> list[torch.Tensor]:
     """The floating-point tensors in a (nested) module output, in pytree order."""
     return [t for t in leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def upcast(x: Any) -> Any:
+    """A low-precision (fp16/bf16) tensor as fp32; anything else as it is (a ``tree_map`` leaf function)."""
+    return x.float() if isinstance(x, torch.Tensor) and x.dtype in LOW_PRECISION_DTYPES else x
 
 
 def reduction_dtype(device: torch.device) -> torch.dtype:

@@ -40,10 +40,9 @@ from torch.utils._pytree import tree_map
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
 from ampkit._util.trees import leaves
-from ampkit.diagnose.core.modules import float_tensors
+from ampkit.diagnose.core.modules import float_tensors, upcast
 from ampkit.diagnose.script.lossgrad import LossCall, LossGrads, op_name, rerun_aside
 from ampkit.diagnose.step.nanorigin import cause_of, nan_text
-from ampkit.precision import LOW_PRECISION_DTYPES
 
 __all__ = [
     "HIDDEN_LOSS_CODE",
@@ -263,14 +262,10 @@ def explain_nan(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[str, bool
     with rerun_aside(given, grad=False), probe:
         func(*args, **kwargs)
     cause = cause_of(probe.found[0], pos_inf=probe.found[1], neg_inf=probe.found[2]) if probe.found else "other"
-    wide_args, wide_kwargs = tree_map(_widened, (args, kwargs))
+    wide_args, wide_kwargs = tree_map(upcast, (args, kwargs))
     with rerun_aside(given, grad=False, fp32=True):
         out = func(*wide_args, **wide_kwargs)
     return cause, any(bool(torch.isnan(o).any()) for o in _floats(out))
-
-
-def _widened(x: Any) -> Any:
-    return x.float() if isinstance(x, torch.Tensor) and x.dtype in LOW_PRECISION_DTYPES else x
 
 
 def loss_code_text(first: FirstBad, label: str, became: str, step: int, *, recorded: bool = False) -> dict[str, Any]:

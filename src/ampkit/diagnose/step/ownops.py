@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ampkit.diagnose.core.modules import upcast
 from ampkit.policy import is_kept, keep_fp32, release_fp32
-from ampkit.precision import LOW_PRECISION_DTYPES
 
 if TYPE_CHECKING:
     from ampkit.diagnose.step.session import Session
@@ -37,10 +37,6 @@ class _Trial(Protocol):
 
     keep: list[str]
     fixed: bool
-
-
-def _upcast(x: Any) -> Any:
-    return x.float() if isinstance(x, torch.Tensor) and x.dtype in LOW_PRECISION_DTYPES else x
 
 
 @contextmanager
@@ -69,7 +65,7 @@ def own_ops_in_fp32(model: nn.Module, name: str, device_type: str, dtype: torch.
     def post(module: nn.Module, args: Any, kwargs: Any, out: Any) -> Any:
         if entered:
             entered.pop().__exit__(None, None, None)
-        return tree_map(_upcast, out)
+        return tree_map(upcast, out)
 
     handles = [h for child in parent.children()
                for h in (child.register_forward_pre_hook(pre, with_kwargs=True),

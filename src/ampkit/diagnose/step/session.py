@@ -25,12 +25,12 @@ from torch import nn
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
-from ampkit.diagnose.core.modules import ModuleRecorder, module_of_param
+from ampkit.diagnose.core.modules import ModuleRecorder, module_of_param, upcast
 from ampkit.diagnose.step.fp8 import fp8_precision, out_of_fp8, strip_fp8
 from ampkit.diagnose.step.programs import ForwardOut, StepProgram
 from ampkit.diagnose.step.trace import OpTracer, TraceLog
 from ampkit.policy import is_kept, keep_fp32, release_fp32
-from ampkit.precision import LOW_PRECISION_DTYPES, Precision
+from ampkit.precision import Precision
 
 __all__ = ["RngSnapshot", "RunResult", "Session", "copy_model", "unwrap_model"]
 
@@ -65,7 +65,7 @@ def copy_model(model: nn.Module, *, fp32: bool = False) -> nn.Module:
     for p in clone.parameters():
         p.grad = None
     if fp32:
-        clone._apply(lambda t: t.float() if t.dtype in LOW_PRECISION_DTYPES else t)
+        clone._apply(upcast)
     return clone
 
 
