@@ -4,6 +4,7 @@ import ast
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +35,25 @@ def _inductor_cache_per_isa() -> None:
 
 
 _inductor_cache_per_isa()
+
+
+def _children_start_with_default_signals() -> None:
+    """Let the processes the signal tests start react to SIGINT and SIGHUP again.
+
+    A run started in the background of a non-interactive shell gets SIGINT ignored, one started under
+    ``nohup`` gets SIGHUP ignored, and an ignored disposition survives ``exec``: every child would shrug
+    the test's signal off and the test would wait out its timeout (a minute each).  A handler, unlike an
+    ignore, is reset to the default on ``exec``.  SIGINT gets Python's own handler (what a terminal run
+    has, and what the in-process signal tests expect); SIGHUP a handler that does nothing, so this run
+    still survives a hang-up as ``nohup`` asked.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, lambda signum, frame: None)
+
+
+_children_start_with_default_signals()
 NUMERICS: dict[str, tuple[str, ...] | None] = {
     # The doctor's failure corpus and the doctors' verdicts: overflow, NaN birth, SQNR, culprits.
     "diagnose/test_doctor_cases.py": (
