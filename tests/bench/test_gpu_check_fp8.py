@@ -35,7 +35,7 @@ def _run(out: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, 
 
 @pytest.fixture(scope="module")
 def tiny_fp8(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The fp8 section of one ``--device cpu --tiny --only fp8`` run (its four compiles take most of its time)."""
+    """The fp8 section of one ``--device cpu --tiny --only fp8`` run (its four compiled arms, 60 steps each, take most of its time)."""
     pytest.importorskip("torchao")  # the skip tests below run without it
     return _run(tmp_path_factory.mktemp("fp8"))
 
@@ -70,6 +70,7 @@ def test_fp8_section_speed_on_cpu_is_measured_but_not_judged(tiny_fp8: dict[str,
     for c in (c for c in tiny_fp8["checks"] if c["key"].endswith("_speedup")):
         assert c["measured"] > 0 and "not judged on tiny sizes on cpu" in c["detail"]
         assert set(c["evidence"]["tokens_per_s"]) == {"bf16", "fp8"} and c["evidence"]["steps"] >= 50
+        assert c["evidence"]["backend"] == "aot_eager"  # compiled, without inductor's C++ kernels for the CPU
     (mlp,) = [c for c in tiny_fp8["checks"] if c["key"] == "fp8.mlp_speedup"]
     assert mlp["threshold"] == ">= 1.2 (judged on a GPU only)"
 
