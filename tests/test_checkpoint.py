@@ -112,10 +112,11 @@ def test_checkpoint_fp8_resume_after_sigkill_is_bit_identical(tmp_path, precisio
 
 def _check_resume_after_sigkill(tmp_path: Path, precision: str) -> None:
     total = 24
-    _run("--steps", str(total), "--out", str(tmp_path / "reference.pt"), "--precision", precision)
-
     ckpt = tmp_path / "run.pt"
-    proc = subprocess.Popen([sys.executable, str(WORKER), "--steps", str(total // 2), "--out",
+    # The uninterrupted reference run first, in the process that then trains with checkpoints until
+    # it is killed: it starts from a fresh build too, and no checkpoint exists while it trains.
+    proc = subprocess.Popen([sys.executable, str(WORKER), "--reference", str(tmp_path / "reference.pt"),
+                             "--reference-steps", str(total), "--steps", str(total // 2), "--out",
                              str(tmp_path / "partial.pt"), "--ckpt", str(ckpt), "--hang", "--precision", precision],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
