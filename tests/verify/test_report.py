@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.verify.verify_helpers import Job, LibraryJob, task_ref, verify
+from tests.verify.verify_helpers import Job, task_ref, verify
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
@@ -111,9 +111,9 @@ INTERRUPTED_REWRITES = textwrap.dedent("""
 
 
 def test_report_ctrl_c_during_the_writes_leaves_three_files_of_one_run_and_no_temp(
-        regression_job_again: LibraryJob, tmp_path: Path) -> None:
+        regression_job: Job, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-c", INTERRUPTED_REWRITES, str(regression_job_again.out / "report.json"),
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_REWRITES, str(regression_job.out / "report.json"),
                              str(out)], env=ENV, capture_output=True, text=True, timeout=300)
     assert result.stdout == "interrupted\n", result.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"], "no temp file"
