@@ -117,11 +117,15 @@ def test_doctor_sigterm_during_the_json_write_completes_both_files_then_ends_by_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["marker", "r.html", "r.json", "train.py"], "no temp file"
 
 
-def test_doctor_script_that_raises_after_a_finding_writes_it_as_partial(tmp_path: Path) -> None:
+def test_doctor_script_that_raises_after_a_finding_writes_it_as_partial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In this process: the doctor runs the script in its own process either way, and main's status
+    # is the one `ampkit doctor` exits with.
     script = _write(tmp_path / "train.py", OVERFLOW)
-    proc = _doctor_process(tmp_path, "--json", "r.json", str(script), "marker", "raise")
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err  # the script's own status: Python exits 1 on an uncaught exception
+    code = main(["doctor", "--json", str(tmp_path / "r.json"), str(script), str(tmp_path / "marker"), "raise"])
+    err = capsys.readouterr().err
+    assert code == 1, err  # the script's own status: Python exits 1 on an uncaught exception
     assert "RuntimeError: after the finding" in err
     doc = _report(tmp_path / "r.json")
     assert doc["partial"] is True and doc["ended"] == "exception"
@@ -216,10 +220,9 @@ def test_doctor_task_file_run_as_a_script_suggests_the_task_reference(
     assert "trained nothing" in err and f"ampkit doctor {task_file}:task" in err
 
 
-def test_doctor_missing_module_exits_2_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    proc = _doctor_process(tmp_path, "-m", "no_such_module_for_doctor.train")
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2
+def test_doctor_missing_module_exits_2_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "-m", "no_such_module_for_doctor.train"]) == 2
+    err = capsys.readouterr().err
     assert "no module named 'no_such_module_for_doctor'" in err and "Traceback" not in err
     assert main(["doctor", "-m", "no_such_module_for_doctor"]) == 2
     assert "no module named 'no_such_module_for_doctor' (searched" in capsys.readouterr().err
