@@ -38,7 +38,7 @@ test: lint typecheck pytest
 # The numerics tests again on an emulated AVX2-only CPU (no AVX-512, no bf16 units: most laptops and
 # many servers), where bf16 and fp16 are emulated and ~30x slower than fp32.  The caps change
 # ATen's and oneDNN's kernels, and ampkit's capability probe honours them.  Skipped where the CPU
-# is already below AVX-512: the plain run was that machine.  .ci/run runs it after `make test`.
+# is already below AVX-512: the plain run was that machine.  .ci/run runs it beside `make test`.
 AVX2_CAPS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 test-avx2: $(STAMP)
 	@if [ "$$(env -u ATEN_CPU_CAPABILITY -u ONEDNN_MAX_CPU_ISA $(PY) -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')" != "AVX512" ]; then \
