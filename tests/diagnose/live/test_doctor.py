@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from typing_extensions import override
 
 import ampkit
 from ampkit.diagnose.live import ReplayDoctor
-from ampkit.hooks import HookEvent
+from ampkit.diagnose.live import doctor as doctor_module
+from ampkit.hooks import EngineHook, HookedEngine, HookEvent
 from diagnose import doctor_models as dm
 
 
@@ -214,6 +217,44 @@ def test_replay_doctor_is_built_without_an_engine_and_attached_as_a_hook() -> No
     assert doctor.replays == 1 and doctor.findings[0].code == "NONFINITE_INPUT"
     with pytest.raises(ValueError, match="another engine"):
         doctor.on_attach(ampkit.MixedPrecision("bf16", device="cpu"))
+
+
+def test_replay_reads_the_failure_flag_once_per_healthy_cpu_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    real = doctor_module.failure_flag
+
+    def counted(*args: Any) -> torch.Tensor | None:
+        reads.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(doctor_module, "failure_flag", counted)
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", doctor=True)
+    mp.prepare(model)
+    _train(model, mp, _batches(4), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert len(reads) == 4 and mp.doctor.replays == 0
+
+
+class _FoundInfAfterTheDoctor(EngineHook):
+    """Marks the step's found_inf after the doctor's before_optimizer_step has read it (a later hook's change)."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    @override
+    def before_optimizer_step(self, engine: HookedEngine, optimizers: Sequence[torch.optim.Optimizer],
+                              found_inf: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        if engine.optimizer_steps + 1 == self.at_step:
+            found_inf.fill_(1.0)
+
+
+def test_replay_decides_on_the_found_inf_a_later_hook_changed() -> None:
+    doctor = ReplayDoctor(shadow=False, bisect=False)
+    model = _mlp()
+    mp = ampkit.MixedPrecision("bf16", device="cpu", hooks=[doctor, _FoundInfAfterTheDoctor(at_step=3)])
+    mp.prepare(model)
+    _train(model, mp, _batches(4), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert doctor.replays == 1 and doctor.results[0].step == 3
 
 
 def test_replay_doctor_replays_on_a_replay_event_and_close_removes_its_hooks() -> None:
