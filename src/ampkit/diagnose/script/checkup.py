@@ -21,16 +21,19 @@ True
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ampkit.diagnose.step.result import DiagnosisResult
 
-__all__ = ["checkup_note", "checkup_ran", "checkup_record", "checkup_skipped_reason"]
+__all__ = ["CheckupStatus", "checkup_note", "checkup_ran", "checkup_record", "checkup_skipped_reason"]
 
 _REASON_CHARS = 300
 
+CheckupStatus = Literal["ran", "no_fp32", "failed", "skipped"]
+"""The ``status`` of a checkup record (the doctor JSON schema's enum)."""
 
-def checkup_record(status: str, step: int | None, reason: str | None, precision: str | None = None) -> dict[str, Any]:
+
+def checkup_record(status: CheckupStatus, step: int | None, reason: str | None, precision: str | None = None) -> dict[str, Any]:
     """The record of a checkup: ``failed`` (the replay raised: ``reason`` is the error) or ``skipped`` (not
     attempted: ``reason`` says why); ``checkup_ran`` makes those of a replay that returned."""
     first = reason.splitlines()[0][:_REASON_CHARS] if reason else None
