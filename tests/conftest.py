@@ -54,6 +54,8 @@ def _children_start_with_default_signals() -> None:
 
 
 _children_start_with_default_signals()
+
+
 NUMERICS: dict[str, tuple[str, ...] | None] = {
     # The doctor's failure corpus and the doctors' verdicts: overflow, NaN birth, SQNR, culprits.
     "diagnose/test_doctor_cases.py": (
