@@ -1,6 +1,6 @@
 """Step-time overhead of the framework integrations, measured side by side in one process.
 
-(a) Hugging Face ``Trainer`` with ``ampkit.integrations.hf.AmpkitCallback()`` (defaults: pre-flight
+(a) Hugging Face ``Trainer`` with ``ampkit.integrations.hf.AmpkitCallback()`` (defaults: setup
 checks, telemetry with its default alarms, flush every 50 steps) against the same ``Trainer``
 without it.  fp32: on CPU ``TrainingArguments(fp16=True)`` trains in fp32 anyway (Accelerate makes
 no fp16 autocast and no scaler there), so fp32 is what a CPU Trainer run really is, and the

@@ -1,4 +1,4 @@
-"""A Hugging Face Trainer run observed by ampkit: telemetry records, pre-flight findings, alarms.
+"""A Hugging Face Trainer run observed by ampkit: telemetry records, setup-check findings, alarms.
 
     pip install 'ampkit[hf]'
     python examples/hf_trainer.py

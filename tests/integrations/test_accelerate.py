@@ -17,7 +17,7 @@ pytest.importorskip("accelerate")
 from accelerate import Accelerator
 
 from ampkit.integrations.accelerate import StrategyWarning, Watcher, strategy_of, watch
-from ampkit.integrations.preflight import PrecisionInEffect
+from ampkit.integrations.setup_checks import PrecisionInEffect
 from ampkit.telemetry import Telemetry
 
 
@@ -79,7 +79,7 @@ def test_watch_reads_the_accelerators_scaler_when_none_is_given() -> None:
     assert "SCHEDULER_STEPPED_ON_SKIP" in [f.code for f in watcher.findings if f.severity != "info"]
 
 
-def test_watch_preflight_notes_that_ampkit_detects_fused_fp16_skips_itself() -> None:
+def test_watch_setup_checks_notes_that_ampkit_detects_fused_fp16_skips_itself() -> None:
     _, watcher = _loop(schedule="held_back", steps=1)
     notes = [f for f in watcher.findings if f.code == "SCHEDULER_STEPPED_ON_SKIP" and f.severity == "info"]
     assert len(notes) == 1 and "accelerate#4242" in notes[0].message

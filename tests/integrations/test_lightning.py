@@ -267,7 +267,7 @@ class FindingsAtFirstBatch(pl.Callback):
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "bf16-mixed"])
-def test_ampkit_callback_preflight_reports_bf16_params_before_step_1(precision: str) -> None:
+def test_ampkit_callback_setup_checks_reports_bf16_params_before_step_1(precision: str) -> None:
     model = Tiny()
     if precision == "bf16-mixed":
         model = model.to(torch.bfloat16)  # as if loaded from a bf16 checkpoint; "-true" converts it itself
@@ -278,7 +278,7 @@ def test_ampkit_callback_preflight_reports_bf16_params_before_step_1(precision: 
     assert callback.findings[0].evidence["dtypes"] == ["bf16"]
 
 
-def test_ampkit_callback_preflight_quiet_for_fp32_params_under_bf16_mixed() -> None:
+def test_ampkit_callback_setup_checks_quiet_for_fp32_params_under_bf16_mixed() -> None:
     callback = AmpkitCallback()
     probe = FindingsAtFirstBatch(callback)
     _fit(Tiny(), 1, precision="bf16-mixed", callbacks=[callback, probe])

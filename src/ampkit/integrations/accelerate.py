@@ -1,4 +1,4 @@
-"""``watch(accelerator, model, optimizer)``: ampkit telemetry, pre-flight checks and the doctor for a
+"""``watch(accelerator, model, optimizer)``: ampkit telemetry, setup checks and the doctor for a
 hand-written Accelerate loop.
 
 Accelerate owns the loop's ``GradScaler`` (``accelerator.scaler``, created for fp16 on an
@@ -6,7 +6,7 @@ accelerator only), wraps the optimizer (``AcceleratedOptimizer``) and the schedu
 autocast inside ``model.forward``.  ``watch`` reads all of it through
 ``ampkit.telemetry.observe`` (torch's public hooks; nothing in the loop changes):
 
-* before step 1, ``ampkit.integrations.preflight`` compares the precision requested with the one
+* before step 1, ``ampkit.integrations.setup_checks`` compares the precision requested with the one
   in effect and checks the parameters, the scaler and the optimizer;
 * each optimizer step gives one telemetry record, with the scaler's ``found_inf`` and scale read
   on the device (no host sync between flushes), including the steps Accelerate's
@@ -34,7 +34,7 @@ from torch import nn
 from ampkit.findings import Finding, accelerate_fp16_off
 from ampkit.hooks import HookEvent
 from ampkit.integrations._doctor import LoopDoctor
-from ampkit.integrations.preflight import PrecisionInEffect, preflight
+from ampkit.integrations.setup_checks import PrecisionInEffect, setup_checks
 from ampkit.precision import PrecisionName
 from ampkit.telemetry import AlarmEvent, CallbackSink, LoopObserver, observe
 
@@ -44,7 +44,7 @@ STRATEGY_NOTES = {
     "deepspeed": (
         "DeepSpeed scales the loss with its own loss scaler and steps the optimizer inside its engine, on "
         "partitioned (ZeRO) gradients. ampkit records the loss, the learning rate and one record per step, and "
-        "runs the pre-flight checks; it does not read DeepSpeed's loss scaler (records show scale 1.0 and no "
+        "runs the setup checks; it does not read DeepSpeed's loss scaler (records show scale 1.0 and no "
         "skipped step, so SCALE_COLLAPSE and SCHEDULER_STEPPED_ON_SKIP cannot fire), gradient statistics cover "
         "what the wrapped optimizer sees, and the doctor's replay is off"),
     "fsdp": (
@@ -110,10 +110,10 @@ def accelerate_precision(mixed_precision: str, native_amp: bool, device: torch.d
 
 
 class Watcher:
-    """Telemetry, pre-flight findings and the doctor for one framework-driven loop.
+    """Telemetry, setup-check findings and the doctor for one framework-driven loop.
 
     Built by ``watch(...)`` (Accelerate) and ``ampkit.integrations.hf.AmpkitCallback`` (Trainer).
-    ``findings`` holds the pre-flight findings, the alarms' findings (at each flush) and the
+    ``findings`` holds the setup-check findings, the alarms' findings (at each flush) and the
     doctor's; ``events`` every alarm as a dict; ``should_stop`` is set by an alarm with action
     ``"stop"``.  A context manager; ``close()`` flushes and removes every hook.  ``doctor_roots``:
     modules the loop may call instead of ``model``'s forward, captured for the doctor too
@@ -131,8 +131,8 @@ class Watcher:
         """Every alarm event, as the sinks receive it."""
         self._findings: list[Finding] = []
         if checks:
-            self._findings.extend(preflight(precision=precision, model=model, optimizers=optimizers,
-                                            scaler=self.scaler, framework=framework))
+            self._findings.extend(setup_checks(precision=precision, model=model, optimizers=optimizers,
+                                               scaler=self.scaler, framework=framework))
         if strategy is not None:
             warnings.warn(f"ampkit: {framework} runs under {strategy.upper()}. {STRATEGY_NOTES[strategy]}",
                           StrategyWarning, stacklevel=3)
@@ -148,7 +148,7 @@ class Watcher:
 
     @property
     def findings(self) -> list[Finding]:
-        """Pre-flight, alarm, resume and doctor findings, in the order they were found."""
+        """Setup-check, alarm, resume and doctor findings, in the order they were found."""
         return [*self._findings, *(self.doctor.findings if self.doctor is not None else [])]
 
     @property
@@ -233,7 +233,7 @@ def watch(accelerator: Any, model: nn.Module, optimizer: Any, *, scaler: Any = N
         telemetry: a ``Telemetry``, sinks, a ``*.jsonl`` path, or True (alarms only).
         doctor: replay a failing step through the doctor, with the precision Accelerate runs.
         clip_grad_norm: the max norm the loop clips to (for ``clip_coef``).
-        checks: run the pre-flight checks (their findings are in ``findings`` at once).
+        checks: run the setup checks (their findings are in ``findings`` at once).
         precision: ``"fp16"``/``"bf16"``/``"fp32"`` when the loop enters autocast itself (with its own
             ``GradScaler``) instead of through ``Accelerator(mixed_precision=...)``.
     """

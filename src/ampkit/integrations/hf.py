@@ -1,4 +1,4 @@
-"""``AmpkitCallback``: ampkit telemetry, pre-flight checks and the doctor inside a Hugging Face ``Trainer``.
+"""``AmpkitCallback``: ampkit telemetry, setup checks and the doctor inside a Hugging Face ``Trainer``.
 
 ``Trainer(..., callbacks=[AmpkitCallback(telemetry="runs/ampkit.jsonl")])``.  Callbacks receive
 neither the batch nor the loss, so the callback builds an ``ampkit.integrations.accelerate.Watcher``
@@ -6,7 +6,7 @@ on the Trainer's own model, optimizer, scheduler and ``GradScaler`` (the one Acc
 through the ``AcceleratedOptimizer``) at ``on_train_begin``; the watcher catches the batch and the
 loss through model hooks and reads the scaler's ``found_inf`` and scale on the device:
 
-* ``on_train_begin``: pre-flight findings (MIXED_PRECISION_OFF, LOW_PRECISION_PARAMS,
+* ``on_train_begin``: setup-check findings (MIXED_PRECISION_OFF, LOW_PRECISION_PARAMS,
   SCALER_WITH_BF16, fused optimizer + fp16); after ``resume_from_checkpoint``, a check that the
   loss scale the checkpoint was saved with is the one the Trainer restored (CHECKPOINT_MISSING_SCALER);
 * the Trainer's ``accelerator.clip_grad_norm_`` (wrapped on the instance for the ``train()`` call):
@@ -52,7 +52,7 @@ class AmpkitCallback(TrainerCallback):
         telemetry: a ``Telemetry`` (with its alarms and sinks), a list of sinks, a ``*.jsonl`` path (one
             file per rank: ``{rank}`` in the path is replaced by the rank), or True (alarms only).
         doctor: replay a failing step through the doctor, with the precision the Trainer runs.
-        checks: run the pre-flight checks before step 1.
+        checks: run the setup checks before step 1.
     """
 
     def __init__(self, telemetry: Any = True, doctor: bool = False, *, checks: bool = True) -> None:
@@ -68,7 +68,7 @@ class AmpkitCallback(TrainerCallback):
 
     @property
     def findings(self) -> list[Finding]:
-        """Everything found so far: pre-flight, alarms, resume check, doctor."""
+        """Everything found so far: setup checks, alarms, resume check, doctor."""
         return self.watcher.findings if self.watcher is not None else list(self._findings)
 
     @override

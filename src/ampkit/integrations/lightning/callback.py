@@ -1,7 +1,7 @@
 """``AmpkitCallback``: ampkit telemetry for a Lightning run that keeps Lightning's own precision plugin.
 
 Observe-only: nothing in the step changes.  At ``on_fit_start`` the callback builds an
-``ampkit.integrations.accelerate.Watcher`` (pre-flight findings, an ``ampkit.telemetry.observe``
+``ampkit.integrations.accelerate.Watcher`` (setup-check findings, an ``ampkit.telemetry.observe``
 observer, the live doctor) on the Trainer's optimizers, the stock plugin's ``torch.amp.GradScaler``
 (``"16-mixed"`` on a GPU; none for bf16 and fp32), the LightningModule and its step-interval
 scheduler.  Then, per optimizer step:
@@ -38,7 +38,7 @@ from typing_extensions import override
 from ampkit.findings import Finding
 from ampkit.integrations.accelerate import Watcher, strategy_of
 from ampkit.integrations.lightning.precision import AmpkitPrecision
-from ampkit.integrations.preflight import PrecisionInEffect
+from ampkit.integrations.setup_checks import PrecisionInEffect
 from ampkit.precision import PrecisionName
 from ampkit.telemetry import AlarmEvent
 from ampkit.telemetry.gradscaler import GradScalerView
@@ -102,7 +102,7 @@ class AmpkitCallback(Callback):  # type: ignore[misc]
 
     @property
     def findings(self) -> list[Finding]:
-        """Pre-flight (before step 1), alarm and doctor findings, in the order they were found."""
+        """Setup-check (before step 1), alarm and doctor findings, in the order they were found."""
         return self.watcher.findings if self.watcher is not None else list(self._findings)
 
     @override

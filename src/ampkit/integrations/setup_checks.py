@@ -1,9 +1,9 @@
-"""Pre-flight checks of a framework's training setup, run before its first step.
+"""Setup checks: a framework's training setup, checked before its first step.
 
 A framework decides the precision from its own settings and the machine, and can quietly run
 something other than what was asked for (``TrainingArguments(fp16=True)`` on a CPU trains in
 fp32; Lightning's ``"16-mixed"`` on a CPU autocasts to bf16).  Every integration calls
-``preflight(...)`` once, with what was requested and what is in effect, and gets
+``setup_checks(...)`` once, with what was requested and what is in effect, and gets
 ``ampkit.findings.Finding``s back:
 
 * ``MIXED_PRECISION_OFF``: the precision in effect is not the one requested;
@@ -17,7 +17,7 @@ Nothing here reads a tensor's values: dtypes, flags and class names only.
 
 >>> import torch
 >>> model = torch.nn.Linear(4, 2).to(torch.bfloat16)
->>> [f.code for f in preflight(requested="bf16", actual="bf16", model=model, framework="Trainer")]
+>>> [f.code for f in setup_checks(requested="bf16", actual="bf16", model=model, framework="Trainer")]
 ['LOW_PRECISION_PARAMS']
 """
 
@@ -39,7 +39,7 @@ from ampkit.findings import (
 )
 from ampkit.precision import LOW_PRECISION_DTYPES, PrecisionName
 
-__all__ = ["PrecisionInEffect", "preflight"]
+__all__ = ["PrecisionInEffect", "setup_checks"]
 
 
 class PrecisionInEffect:
@@ -64,10 +64,10 @@ class PrecisionInEffect:
         return f"PrecisionInEffect(requested={self.requested!r}, actual={self.actual!r})"
 
 
-def preflight(*, requested: PrecisionName | None = None, actual: PrecisionName = "fp32", precision: PrecisionInEffect | None = None,
-              model: nn.Module | None = None, optimizers: Sequence[torch.optim.Optimizer] = (), scaler: Any = None,
-              framework: str = "the framework") -> list[Finding]:
-    """The pre-flight findings of one training setup (see the module docstring).
+def setup_checks(*, requested: PrecisionName | None = None, actual: PrecisionName = "fp32", precision: PrecisionInEffect | None = None,
+                 model: nn.Module | None = None, optimizers: Sequence[torch.optim.Optimizer] = (), scaler: Any = None,
+                 framework: str = "the framework") -> list[Finding]:
+    """The setup-check findings of one training setup (see the module docstring).
 
     ``precision`` (a ``PrecisionInEffect``) carries the texts of MIXED_PRECISION_OFF; ``requested`` /
     ``actual`` are its short form.  ``model`` and ``optimizers`` give the trainable parameters.
