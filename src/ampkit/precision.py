@@ -28,6 +28,7 @@ __all__ = [
     "LOW_PRECISION_DTYPES",
     "PRECISION_ALIASES",
     "PRECISION_NAMES",
+    "FormatName",
     "Fp8RecipeName",
     "Precision",
     "PrecisionError",
@@ -51,6 +52,10 @@ Users may spell them otherwise (``PRECISION_ALIASES``); ``Precision.parse`` turn
 
 PRECISION_NAMES: tuple[PrecisionName, ...] = get_args(PrecisionName)
 """Every canonical name, in ``PrecisionName``'s order."""
+
+FormatName = Literal["fp16", "bf16", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8", "nvfp4"]
+"""A low-precision format ``ampkit preflight`` judges: the engine's low precisions, and the what-if block formats
+MXFP8 and NVFP4, which ampkit emulates through torchao's casts but does not train."""
 
 Fp8RecipeName = Literal["tensorwise", "rowwise"]
 """torchao's recipe names (``Float8LinearRecipeName``) that an ampkit fp8 precision trains."""
