@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -73,13 +74,27 @@ def test_report_escapes_names_from_user_code(tmp_path: Path) -> None:
     for text in (html_text, md_text):
         assert "<script" not in text and "<img" not in text
         assert "&lt;img src=x onerror=alert(1)&gt;" in text
-    assert "&lt;script&gt;alert(&#x27;task&#x27;)&lt;/script&gt;" in html_text
+    # escaped in the markup (whichever spelling of the quote's character reference) and shown as the name
+    assert "&lt;script&gt;alert(" in html_text
+    assert "<script>alert('task')</script>" in html.unescape(re.sub(r"<[^>]+>", "", html_text))
     assert "&lt;script&gt;alert('task')&lt;/script&gt;" in md_text
     assert "r2 &amp; $\\alpha$ \\| x" in md_text  # table pipes escaped too
     assert job.report["task"]["name"] == "<script>alert('task')</script>"  # JSON keeps the data as it is
     if any(shutil.which(n) for n in CHROMIUM_NAMES):
         dom, log = _dump_dom(tmp_path / "report.html")
         assert "<script" not in dom and "<img" not in dom and _page_errors(log) == []
+
+
+def test_report_html_escapes_script_and_quotes_in_a_task_name(regression_job: Job) -> None:
+    from ampkit.verify.report import render_html
+
+    evil = '<script>alert("x")</script>'
+    report = regression_job.report
+    report["task"]["name"], report["task"]["ref"] = evil, f"{evil}.py:Task"
+    page = render_html(report, {})
+    assert "<script" not in page and 'alert("x")' not in page  # no raw quote: no attribute can be broken out of
+    shown = html.unescape(re.sub(r"<[^>]+>", "", page))
+    assert f"ampkit verify: {evil}" in shown and f"{evil}.py:Task" in shown
 
 
 # Rewrites one real report again and again, each time with a new "created"; a thread sends Ctrl-C

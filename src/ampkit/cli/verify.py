@@ -141,7 +141,7 @@ def _tolerances(args: argparse.Namespace) -> Any:
 
 
 def _require_report_extras() -> None:
-    missing = [m for m in ("matplotlib", "rich") if importlib.util.find_spec(m) is None]
+    missing = [m for m in ("matplotlib", "rich", "jinja2") if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(f"ampkit verify draws its report with {' and '.join(missing)}, which "
                          f"{'is' if len(missing) == 1 else 'are'} not installed; run `pip install 'ampkit[report]'`")

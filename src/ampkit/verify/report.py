@@ -3,9 +3,10 @@
 All three are rendered in memory first and then written one by one with
 ``atomic_write_bytes`` (temp file, fsync, rename), so an interrupted job leaves the previous
 report or the new one, never half a file.  The HTML has no script and no external resource; a
-Content-Security-Policy forbids both, so opening it makes no network request.  Every string that
-comes from user code (task and metric names, errors, paths, environment strings) is
-``html.escape``d.
+Content-Security-Policy forbids both, so opening it makes no network request.  The HTML page is
+the Jinja2 template ``ampkit/templates/verify_report.html``, whose autoescaping escapes every
+string that comes from user code (task and metric names, errors, paths, environment strings);
+the Markdown escapes them itself (``_md``: HTML-escaped, table pipes too).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from ampkit._util.io import atomic_write_set
 from ampkit._util.jsonfloat import NONFINITE_AS_NULL, dumps
+from ampkit._util.templates import render, trusted
 
 __all__ = ["callouts", "load_schema", "render_html", "render_json", "render_markdown", "summary_table", "write_report"]
 
@@ -250,55 +252,28 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 
 # -- HTML -------------------------------------------------------------------------------------------
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1240px;
-color:#222;padding:0 16px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.meta{color:#555}.badge{display:inline-block;padding:2px 10px;border-radius:4px;font-weight:600;color:#fff}
-.pass{background:#2e7d32}.fail{background:#c62828}.inconclusive{background:#b26a00}
-table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #ddd;padding:4px 8px;
-text-align:left;vertical-align:top}th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.charts{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:12px}.chart svg{width:100%;height:auto}
-.callout{border-left:4px solid #ef6c00;background:#fff3e0;padding:6px 12px;margin:8px 0}
-.chart.wide{grid-column:1/-1}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px;max-height:320px}
-code{background:#f3f3f3;padding:0 3px}ul{margin:4px 0}
-"""
-
-_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
-
-
-def _e(value: Any) -> str:
-    return html.escape("—" if value is None else str(value))
-
-
-def _html_table(header: list[str], rows: Iterable[list[tuple[str, bool]]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="num">{c}</td>' if num else f"<td>{c}</td>" for c, num in row) + "</tr>"
-        for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _verdict_rows(report: dict[str, Any]) -> list[list[tuple[str, bool]]]:
+def _verdict_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per precision: its verdict, the numbers as (text, numeric) cells, and the reasons."""
     return [
-        [(f'<span class="badge {_e(c["verdict"])}">{_e(c["verdict"].upper())}</span> {_e(c["precision"])}', False),
-         (_e(_pct(c.get("loss_distance"))), True), (_e(_metric_deltas(c)), False),
-         (_e(_pct(c.get("skipped_fraction"))), True), (_e(_ratio(c.get("speedup"))), True),
-         (_e(_ratio(c.get("memory_ratio"))), True),
-         ("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in c["reasons"] + c.get("notes", [])) + "</ul>", False)]
+        {"verdict": c["verdict"], "precision": c["precision"],
+         "cells": [(_pct(c.get("loss_distance")), True), (_metric_deltas(c), False),
+                   (_pct(c.get("skipped_fraction")), True), (_ratio(c.get("speedup")), True),
+                   (_ratio(c.get("memory_ratio")), True)],
+         "reasons": c["reasons"] + c.get("notes", [])}
         for c in report["comparison"]
     ]
 
 
-def _run_rows(report: dict[str, Any]) -> list[list[tuple[str, bool]]]:
+def _run_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per run: its (text, numeric) cells and the first 16 hex digits of its initial weights' SHA-256."""
     return [
-        [(_e(r["precision"]), False), (_e(r["status"]), False), (_e(_num(_final_loss(r))), True),
-         *[(_e(v), True) for v in _metric_cells(report, r)], (_e(r["skipped_steps"]), True),
-         (_e(r["nonfinite_steps"]), True), (_e(_num((r["throughput"] or {}).get("samples_per_s"), ".1f")), True),
-         (_e(_num((r["throughput"] or {}).get("tokens_per_s"), ".0f")), True),
-         (_e(_mib(r.get("peak_memory_bytes"))), True), (_e(_mib((r.get("memory") or {}).get("training_bytes"))), True),
-         (_e(_num(r.get("wall_s"), ".1f")), True), (f"<code>{_e((r.get('init_sha256') or '—')[:16])}</code>", False)]
+        {"cells": [(r["precision"], False), (r["status"], False), (_num(_final_loss(r)), True),
+                   *[(v, True) for v in _metric_cells(report, r)], (r["skipped_steps"], True),
+                   (r["nonfinite_steps"], True), (_num((r["throughput"] or {}).get("samples_per_s"), ".1f"), True),
+                   (_num((r["throughput"] or {}).get("tokens_per_s"), ".0f"), True),
+                   (_mib(r.get("peak_memory_bytes")), True), (_mib((r.get("memory") or {}).get("training_bytes")), True),
+                   (_num(r.get("wall_s"), ".1f"), True)],
+         "init_sha256": (r.get("init_sha256") or "—")[:16]}
         for r in report["runs"]
     ]
 
@@ -320,56 +295,31 @@ def _definitions(proto: dict[str, Any]) -> list[str]:
     ]
 
 
+def _key_value_rows(obj: Any) -> list[list[tuple[str, bool]]]:
+    return [[(k, False), (v, False)] for k, v in _flatten(obj)]
+
+
 def render_html(report: dict[str, Any], charts: dict[str, str]) -> str:
-    """One self-contained page; ``charts`` are trusted SVG from ``ampkit.verify.charts``."""
-    task, proto = report["task"], report["protocol"]
-    verdict = report["verdict"]
-    metric_names = list(task["metrics"])
-    errors = "".join(
-        f"<h3>{_e(r['precision'])}: {_e(r['status'])}</h3><pre>{_e(r['error'])}"
-        + (f"\n\n{_e(r['log_tail'])}" if r.get("log_tail") else "") + "</pre>"
-        for r in report["runs"] if r.get("error")
-    )
-    chart_html = "".join(
-        f'<div class="chart{" wide" if name == "eval" and len(task["metrics"]) > 1 else ""}">{svg}</div>'
-        for name, svg in charts.items()
-    )
-    scaling_rows = [[(_e(c), i > 0) for i, c in enumerate(row)] for row in _scaling_rows(report)]
-    scaling_html = (f"<h2>Scaling</h2>\n<p>{_e(_ranks_line(report))}</p>\n{_html_table(SCALING_HEADER, scaling_rows)}"
-                    if scaling_rows else "")
-    info_rows = [[(_e(k), False), (_e(v), False)] for k, v in _flatten(task.get("info") or {})]
-    env_rows = [[(_e(k), False), (_e(v), False)] for k, v in _flatten(report["environment"])]
-    title = f"ampkit verify: {task['name']}"
-    size = size_text(report)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{_CSP}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_e(title)}</title><style>{_CSS}</style></head>
-<body>
-<h1>{_e(title)} <span class="badge {_e(verdict)}" id="verdict">{_e(verdict.upper())}</span></h1>
-<p class="meta">Task <code>{_e(task['ref'])}</code>{f" · {_e(size)}" if size else ""} · device {_e(proto['device'])} · {_e(proto['steps'])} steps
-({_e(proto['warmup'])} warm-up) · seed {_e(proto['seed'])} · eval every {_e(proto['eval_every'])} steps ·
-{_e(report['created'])} · ampkit {_e(report['ampkit_version'])}</p>
-{"".join(f'<p class="callout">{_e(line)}</p>' for line in callouts(report))}
-<h2>Verdict against fp32</h2>
-{_html_table(["precision", "loss distance", "metric change", "skipped", "speed-up", "memory", "reasons"],
-             _verdict_rows(report))}
-<h2>Charts</h2>
-<div class="charts">{chart_html}</div>
-<h2>Runs</h2>
-{_html_table(["precision", "status", FINAL_LOSS_LABEL, *metric_names, "skipped", "non-finite", "samples/s", "tokens/s",
-              "peak memory", "training memory", "wall s", "init sha256"], _run_rows(report))}
-{scaling_html}
-{errors}
-<h2>Protocol and definitions</h2>
-<ul>{"".join(f"<li>{_e(d)}</li>" for d in _definitions(proto))}</ul>
-<h2>Task</h2>
-{_html_table(["key", "value"], info_rows) if info_rows else "<p>—</p>"}
-<h2>Environment</h2>
-{_html_table(["key", "value"], env_rows)}
-</body></html>
-"""
+    """One self-contained page (the template ``ampkit/templates/verify_report.html``); ``charts`` are
+    trusted SVG from ``ampkit.verify.charts``."""
+    task = report["task"]
+    # matplotlib wrote these SVGs (ampkit.verify.charts): with svg.fonttype "none" every text element,
+    # user-named metrics included, is XML-escaped by matplotlib, and _svg strips the comments that
+    # would repeat the raw strings, so the markup holds no user string unescaped.
+    svgs = {name: trusted(svg) for name, svg in charts.items()}
+    return render(
+        "verify_report.html", report=report, task=task, proto=report["protocol"],
+        title=f"ampkit verify: {task['name']}", size=size_text(report), callouts=callouts(report),
+        verdict_rows=_verdict_rows(report), charts=svgs, wide_eval=len(task["metrics"]) > 1,
+        run_header=["precision", "status", FINAL_LOSS_LABEL, *task["metrics"], "skipped", "non-finite", "samples/s",
+                    "tokens/s", "peak memory", "training memory", "wall s", "init sha256"],
+        run_rows=_run_rows(report), scaling_header=SCALING_HEADER, ranks_line=_ranks_line(report),
+        scaling_rows=[[(c, i > 0) for i, c in enumerate(row)] for row in _scaling_rows(report)],
+        failed=[{"precision": r["precision"], "status": r["status"],
+                 "text": str(r["error"]) + (f"\n\n{r['log_tail']}" if r.get("log_tail") else "")}
+                for r in report["runs"] if r.get("error")],
+        definitions=_definitions(report["protocol"]), info_rows=_key_value_rows(task.get("info") or {}),
+        env_rows=_key_value_rows(report["environment"]))
 
 
 # -- files and terminal ---------------------------------------------------------------------------------
