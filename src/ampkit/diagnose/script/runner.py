@@ -1,11 +1,11 @@
 """``ampkit doctor SCRIPT``: run an unmodified training script under observation.
 
-The script runs as ``__main__`` the way ``coverage run`` runs it: ``runpy.run_path`` with
-``sys.argv = [SCRIPT, *ARGS]`` and ``sys.path[0]`` set to the script's folder (``-m``:
-``runpy.run_module`` with ``sys.path[0]`` the working directory).  Before it starts, the
-watchers (``ampkit.diagnose.script.watchers``, behind ``script.context``) wrap autocast, GradScaler, backward, optimizers, LR
-schedulers, gradient clipping and ``torch.save``/``torch.load``, and hook the models the script
-calls; afterwards everything is restored, also when the script crashed.
+The script runs as ``__main__`` the way ``coverage run`` runs it (``script.target.run_as_main``:
+``sys.argv = [SCRIPT, *ARGS]``, ``sys.path[0]`` the script's folder; ``-m`` as ``python -m``).
+Before it starts, the watchers (``ampkit.diagnose.script.watchers``, behind ``script.context``) wrap
+autocast, GradScaler, backward, optimizers, LR schedulers, gradient clipping and
+``torch.save``/``torch.load``, and hook the models the script calls; afterwards everything is
+restored, also when the script crashed.
 
 During the run, a step that the GradScaler skips, or whose loss or gradients are non-finite,
 is replayed op by op (``diagnose.replay``) right away, while the model still holds that step's
@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import runpy
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -49,7 +46,7 @@ from ampkit.diagnose.script.outcome import ScriptReport, merge_replayed_findings
 from ampkit.diagnose.script.patches import PatchSet
 from ampkit.diagnose.script.rules import finalize
 from ampkit.diagnose.script.state import Failure, FailureCause, Sampler
-from ampkit.diagnose.script.target import defined_tasks, require_module
+from ampkit.diagnose.script.target import ScriptTarget, defined_tasks, run_as_main, script_target
 from ampkit.diagnose.script.tracebacks import print_user_traceback
 from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.findings import Finding
@@ -62,24 +59,17 @@ when it runs longer: a minute of silence after the script's last line looks like
 
 
 class _Runner:
-    def __init__(self, target: str, args: Sequence[str], *, module: bool, intended: str | None, replay: bool,
+    def __init__(self, script: ScriptTarget, args: Sequence[str], *, intended: str | None, replay: bool,
                  checkup: bool, bisect: bool, max_replays: int, sampler: Sampler | None, measure_speed: bool,
                  on_os_exit: Callable[[ScriptReport], int] | None = None, compare_compiled: bool = False,
                  heartbeat_s: float = HEARTBEAT_S):
-        self.target, self.args, self.module = target, list(args), module
+        self.script, self.args = script, list(args)
         self.on_os_exit = on_os_exit
         self._globals: dict[str, Any] = {}
         self._patches = PatchSet()
         self.intended, self.replay, self.checkup, self.bisect = intended, replay, checkup, bisect
         self.max_replays, self.measure_speed, self.compare_compiled = max_replays, measure_speed, compare_compiled
-        if module:
-            self.path = None
-            root = Path.cwd()
-        else:
-            self.path = Path(target).resolve()
-            root = self.path.parent
-        # Only the script's own folder: the working directory often holds a virtualenv.
-        self.user_paths = [str(root)]
+        self.user_paths = [str(script.folder)]
         self.code = UserFrames(self.user_paths)
         self.ctx = Context(self.code, on_failure=self._on_failure, sampler=sampler)
         self.diagnoses: list[DiagnosisResult] = []
@@ -177,25 +167,6 @@ class _Runner:
         return None
 
     # -- the run -------------------------------------------------------------------------------
-    @contextmanager
-    def _as_main(self) -> Iterator[None]:
-        argv, path0 = sys.argv[:], sys.path[0] if sys.path else None
-        main = sys.modules.get("__main__")
-        sys.argv = [str(self.path) if self.path else self.target, *self.args]
-        root = str(self.path.parent) if self.path else os.getcwd()
-        if sys.path:
-            sys.path[0] = root
-        else:
-            sys.path.append(root)
-        try:
-            yield
-        finally:
-            sys.argv = argv
-            if path0 is not None:
-                sys.path[0] = path0
-            if main is not None:
-                sys.modules["__main__"] = main
-
     def run(self) -> ScriptReport:
         self._patches = PatchSet()
         status, ended = 0, None
@@ -206,11 +177,8 @@ class _Runner:
             self._patches.restore()
             raise
         try:
-            with trap_ends(self._before_os_exit if self.on_os_exit is not None else None), self._as_main():
-                if self.module:
-                    self._globals = runpy.run_module(self.target, run_name="__main__", alter_sys=True)
-                else:
-                    self._globals = runpy.run_path(str(self.path), run_name="__main__")
+            with trap_ends(self._before_os_exit if self.on_os_exit is not None else None):
+                self._globals = run_as_main(self.script, self.args)
         except SystemExit as exc:
             status = _exit_status(exc.code)
         except KeyboardInterrupt:
@@ -233,7 +201,7 @@ class _Runner:
         """The report of what was observed so far; after a signal, without the checkup replay
         (seconds of work the user just asked to stop); in a child the script forked, nothing (the
         parent reports the run: ``watchers.fork``)."""
-        script = str(self.path) if self.path else f"-m {self.target}"
+        script = self.script.label
         state = self.ctx.state
         if self.ctx.forks.child:
             return ScriptReport(script=script, argv=self.args, findings=[], exit_status=status, ended=ended,
@@ -387,11 +355,7 @@ def run_script(
         FileNotFoundError: ``target`` is not an existing file (``module=False``).
         ModuleNotFoundError: ``python -m target`` would find no module (``module=True``).
     """
-    if not module and not Path(target).is_file():
-        raise FileNotFoundError(f"no such script: {os.fspath(target)!r}")
-    if module:
-        require_module(os.fspath(target))
-    runner = _Runner(os.fspath(target), args, module=module, intended=precision, replay=replay, checkup=checkup,
+    runner = _Runner(script_target(target, module=module), args, intended=precision, replay=replay, checkup=checkup,
                      bisect=bisect, max_replays=max_replays, sampler=sampler, measure_speed=measure_speed,
                      on_os_exit=on_os_exit, compare_compiled=compare_compiled, heartbeat_s=heartbeat_s)
     return runner.run()
