@@ -46,11 +46,12 @@ class Context:
     """The run state and one of each watcher.  ``install(patches)`` hooks torch; ``patches.restore()`` undoes it."""
 
     def __init__(self, code: UserFrames, *, on_failure: Callable[[Failure], None] | None = None,
-                 sampler: Sampler | None = None) -> None:
+                 sampler: Sampler | None = None, on_step: Callable[[list[Capture]], None] | None = None) -> None:
         self._lock = threading.Lock()
         models = ModelWatch(on_root_forward=self._on_root_forward, on_root_enter=lambda: self.state.tapes.pause(),
                             locate=code.caller, user_frame=code.caller_frame)
-        self.state = RunState(frames=code, models=models, sampler=sampler or Sampler(), on_failure=on_failure)
+        self.state = RunState(frames=code, models=models, sampler=sampler or Sampler(), on_failure=on_failure,
+                              on_step=on_step)
         state = self.state
         # The watchers whose records the rules and the runner read, by name; the list is the install order.
         self.autocast = AutocastWatch(state)

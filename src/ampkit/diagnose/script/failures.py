@@ -42,13 +42,15 @@ def end_iteration(state: RunState) -> None:
     state.count_step()
     models = state.models
     thread_values(models).step = state.step  # per-step: a write with no Python frame
-    models.new_window()
+    window = models.new_window()
     dense = state.sampler.dense(state.iteration)
     models.set_discovery(dense)
     if dense:
         models.refresh_roots()
         check_norm_stats(state)
         state.pending.flush()
+    if state.on_step is not None:
+        state.on_step(window)
 
 
 def loss_read(state: RunState, it: int, nonfinite: bool) -> None:

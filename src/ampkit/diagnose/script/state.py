@@ -139,6 +139,10 @@ class RunState:
     sampler: Sampler = field(default_factory=Sampler)
     on_failure: Callable[[Failure], None] | None = None
     """Called with each failure worth a replay, while the model still holds that step's weights."""
+    on_step: Callable[[list[Capture]], None] | None = None
+    """Called as each optimizer step of a primary optimizer ends (``failures.end_iteration``), with the
+    captured forwards of that step, after the step's bookkeeping: it may raise to stop the script there
+    (preflight's step capture, ``script.first_steps``)."""
     ledger: Ledger = field(default_factory=Ledger)
     pending: DeferredReads = field(default_factory=DeferredReads)
     optimizers: OptimizerRegistry = field(default_factory=OptimizerRegistry)
