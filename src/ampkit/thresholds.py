@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from ampkit.findings import Code, Finding
+from ampkit.precision import FormatName
 
-__all__ = ["THRESHOLDS", "Outcome", "RuleName", "Threshold", "as_borderline", "is_borderline"]
+__all__ = ["FORMAT_FLUSH", "FORMAT_SQNR", "THRESHOLDS", "Outcome", "RuleName", "Threshold", "as_borderline", "is_borderline"]
 
 Outcome = Literal["reported", "borderline", "clear"]
 RuleName = Literal["PRECISION_LOSS", "GRADIENT_UNDERFLOW", "SCALE_COLLAPSE", "SLOW_LOW_PRECISION",
@@ -143,6 +144,43 @@ one cast alone is about 30 dB and a healthy fp8 GEMM output 20-28 dB from fp32 (
 less); 12 dB (an error of a quarter of the signal) is a loss no rounding explains.  ``FP8_FLUSH``
 uses the telemetry alarm's level: a healthy operand flushes about 1e-5 of its values, 1 % needs
 outliers thousands of standard deviations out.  ``SLOW_FP8_GEMM`` has SLOW_LOW_PRECISION's band."""
+
+
+def _sqnr(threshold: float) -> Threshold:
+    return Threshold(code="PRECISION_LOSS", metric="sqnr_db", threshold=threshold, reports_when="below", margin=1.5,
+                     unit="dB")
+
+
+FORMAT_SQNR: dict[FormatName, Threshold] = {
+    "fp16": _sqnr(53.0),
+    "bf16": _sqnr(35.0),
+    "fp8": _sqnr(11.0),
+    "fp8-rowwise": _sqnr(14.0),
+    "fp8-rowwise-gw-hp": _sqnr(15.0),
+    "mxfp8": _sqnr(15.0),
+    "nvfp4": _sqnr(2.0),
+}
+"""``ampkit preflight``'s SQNR rule per format: a module's forward output, or all gradients together, whose SQNR
+against fp32 falls below it breaks the model in that format (``diagnose.preflight.judge``).
+
+Each threshold is the lowest SQNR the format gives on well-scaled models, minus 8 dB, rounded down
+(``benchmarks/derive_format_thresholds.py``: LayerNorm'd MLP stacks and small GPTs at their default
+initialisation, three seeds each; measured 61.2, 43.4, 19.9, 22.9, 23.2, 23.2 and 10.8 dB in the order
+above).  8 dB is an error 2.5 times the RMS of the worst well-scaled module's: room for deeper models,
+whose errors add up over more layers, yet far above the 20-60 dB that a layer breaking costs.  The
+band is PRECISION_LOSS's (±1.5 dB), for the same reason.  NVFP4's rule is nearly silent: its healthy
+SQNR is already low, and its breaks show as flushed operands and non-finite values instead."""
+
+FORMAT_FLUSH: dict[FormatName, Threshold] = {
+    **{name: THRESHOLDS["FP8_FLUSH"] for name in ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8")},
+    "nvfp4": Threshold(code="FP8_FLUSH", metric="flush_fraction", threshold=0.45, reports_when="above", margin=0.05),
+}
+"""The share of a quantized Linear operand's non-zero values flushed to zero beyond which a scaled format breaks
+the layer.  The fp8 recipes and MXFP8 keep FP8_FLUSH's level (a healthy operand flushes at most about 1 %).
+NVFP4's two-bit elements flush everything under a sixth of a 16-value block's largest magnitude (a
+quarter of its smallest step): 7 % of Gaussian values, 15 % of a GELU's output, up to 28 % of a
+healthy GPT operand (the same benchmark), so its level is 45 %, past what a healthy model shows by
+more than the ±5 % band."""
 
 
 def is_borderline(finding: Finding | dict[str, Any]) -> bool:

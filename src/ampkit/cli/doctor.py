@@ -37,7 +37,7 @@ from typing import Any
 
 from ampkit.cli.errors import UsageError
 
-__all__ = ["is_script", "register", "run"]
+__all__ = ["check_outputs", "is_script", "register", "run"]
 
 
 def register(subparsers: Any) -> None:
@@ -120,12 +120,12 @@ def _write_one(flag: str, path: Path, write: Callable[[Path], object]) -> None:
     print(f"ampkit doctor: wrote {path}", file=sys.stderr)
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Resolve --json/--html against the working directory now (a script may chdir) and prove each
-    folder writable with a real file, before the script runs."""
+def check_outputs(args: argparse.Namespace, flags: tuple[str, ...] = ("json", "html")) -> None:
+    """Resolve the output options ``flags`` (--json/--html) against the working directory now (a script may
+    chdir) and prove each folder writable with a real file, before the script runs."""
     from ampkit._util.outputs import absolute_path, unwritable_reason
 
-    for flag in ("json", "html"):
+    for flag in flags:
         given = getattr(args, flag)
         if given is None:
             continue
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.target:
         raise UsageError("give a training script (ampkit doctor train.py ARGS...), -m MODULE, or a task name")
     _check_precision(args.precision)
-    _check_outputs(args)
+    check_outputs(args)
     if is_script(args.target, args.as_module):
         return _run_script(args)
     if args.compare_compiled:

@@ -18,7 +18,7 @@ from ampkit.cli.errors import UsageError
 __all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main"]
 
 # Each entry is a module under ampkit.cli exposing register(subparsers) and run(args) -> int.
-SUBCOMMANDS: tuple[str, ...] = ("doctor", "lint", "verify", "env")
+SUBCOMMANDS: tuple[str, ...] = ("doctor", "preflight", "lint", "verify", "env")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="ampkit",
-        description="Mixed-precision training for PyTorch: train, diagnose, verify.",
+        description="Mixed-precision training for PyTorch: train, diagnose, verify, and choose formats before training.",
     )
     parser.add_argument("--version", action="version", version=f"ampkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

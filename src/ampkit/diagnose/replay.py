@@ -39,7 +39,7 @@ from ampkit.diagnose.step.result import DiagnosisResult
 from ampkit.diagnose.step.session import RngSnapshot, Session
 from ampkit.precision import LOW_PRECISION_DTYPES, Precision
 
-__all__ = ["framework_autocast_off", "replay", "replay_precision"]
+__all__ = ["framework_autocast_off", "replay", "replay_precision", "replay_program"]
 
 
 def replay_precision(cap: Capture, intended: str | None) -> tuple[Precision, tuple[str, torch.dtype, bool]] | None:
@@ -61,18 +61,17 @@ def replay_precision(cap: Capture, intended: str | None) -> tuple[Precision, tup
 
 
 def replay(cap: Capture, precision: Precision, *, shadow: bool = True, bisect: bool = True, step: int | None = None,
-           autocast: tuple[str, torch.dtype, bool] | None = None, user_paths: Sequence[str] = (),
+           autocast: tuple[str, torch.dtype, bool] | None = None, loss_scale: float | None = None,
+           sqnr_threshold_db: float | None = None, user_paths: Sequence[str] = (),
            on_progress: Callable[[str], None] | None = None) -> DiagnosisResult:
     """Diagnose the captured forward (+ its backward) op by op under ``precision``.
 
     ``autocast`` (device type, dtype, enabled) replaces the captured autocast state (the script doctor
-    replays an fp32 forward under ``--precision``); ``user_paths`` and ``on_progress`` go to the
-    ``Session``; ``shadow`` and ``bisect`` to ``diagnose_program``.
+    replays an fp32 forward under ``--precision``), and ``loss_scale`` the captured scale (preflight
+    replays fp16 at the scaler's initial scale); ``user_paths`` and ``on_progress`` go to the
+    ``Session``; ``shadow``, ``bisect`` and ``sqnr_threshold_db`` to ``diagnose_program``.
     """
-    scale = 1.0 if cap.scale is None else float(cap.scale)  # a host read of a 0-d tensor: replay path only
-    grads = [usable_seed(_normal(g), scale) for g in cap.seed_grads()]
-    program = OutputGradProgram(tree_map(_normal, cap.args), tree_map(_normal, cap.kwargs), grads,
-                                loss_scale=scale, autocast=autocast or cap.autocast)
+    program = replay_program(cap, autocast=autocast, loss_scale=loss_scale)
     rng = RngSnapshot(cap.device, cpu=cap.rng_cpu, accel=cap.rng_device)
     with contextlib.ExitStack() as clean:
         clean.enter_context(torch.inference_mode(False))
@@ -84,9 +83,22 @@ def replay(cap: Capture, precision: Precision, *, shadow: bool = True, bisect: b
         try:
             with framework_autocast_off(cap.entered_inside):
                 return diagnose_program(cap.root, program, precision, step=step, shadow=shadow, bisect=bisect,
-                                        user_paths=user_paths, session=session)
+                                        user_paths=user_paths, session=session, sqnr_threshold_db=sqnr_threshold_db)
         finally:
             session.close()
+
+
+def replay_program(cap: Capture, *, autocast: tuple[str, torch.dtype, bool] | None = None,
+                   loss_scale: float | None = None) -> OutputGradProgram:
+    """The step program that re-runs ``cap``'s forward and starts backward from its outputs' gradients, at the
+    captured scale or at ``loss_scale`` (the gradients rescaled to it), under ``autocast`` or the captured state."""
+    captured = 1.0 if cap.scale is None else float(cap.scale)  # a host read of a 0-d tensor: replay path only
+    grads = [usable_seed(_normal(g), captured) for g in cap.seed_grads()]
+    scale = captured if loss_scale is None else float(loss_scale)
+    if scale != captured:
+        grads = [None if g is None else g.float() * (scale / captured) for g in grads]
+    return OutputGradProgram(tree_map(_normal, cap.args), tree_map(_normal, cap.kwargs), grads, loss_scale=scale,
+                             autocast=autocast or cap.autocast)
 
 
 def _normal(x: Any) -> Any:
