@@ -21,7 +21,7 @@ from tests.helpers.imports import PACKAGE, SRC, import_targets, imports_of, modu
 LAYERS: dict[str, int] = {
     "ampkit._util": 0,
     "ampkit.precision": 1, "ampkit.scaler": 1, "ampkit.policy": 1, "ampkit.hooks": 1, "ampkit.findings": 1,
-    "ampkit.thresholds": 1, "ampkit._scaler_rules": 1, "ampkit.fp8": 1,
+    "ampkit.thresholds": 1, "ampkit._scaler_rules": 1, "ampkit.fp8": 1, "ampkit.fp8recipes": 1,
     "ampkit.engine": 2, "ampkit.checkpoint": 2,
     "ampkit.telemetry": 3, "ampkit.distributed": 3, "ampkit.tasks": 3, "ampkit.env": 3,
     "ampkit.diagnose": 4, "ampkit.verify": 4, "ampkit.integrations": 4, "ampkit.mixed_precision": 4,

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 import ampkit
 from ampkit import CheckpointError
+from ampkit.precision import FP8_RECIPES
 from tests.helpers.models import TinyNet, make_batches
 from tests.helpers.mounts import run_after_mounting, tmpfs
 
@@ -103,7 +104,7 @@ def test_checkpoint_resume_after_sigkill_is_bit_identical(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:precision='fp8.*no fp8 GEMM:UserWarning")
-@pytest.mark.parametrize("precision", ["fp8", "fp8-rowwise"])
+@pytest.mark.parametrize("precision", list(FP8_RECIPES))
 def test_checkpoint_fp8_resume_after_sigkill_is_bit_identical(tmp_path, precision: str) -> None:
     pytest.importorskip("torchao")
     _check_resume_after_sigkill(tmp_path, precision)

@@ -38,7 +38,7 @@ FP8 = Precision.parse("fp8", "cpu")
 
 @pytest.mark.parametrize(("spelling", "name", "recipe"), [
     ("fp8", "fp8", "tensorwise"), ("FP8", "fp8", "tensorwise"), ("fp8-tensorwise", "fp8", "tensorwise"),
-    ("fp8-rowwise", "fp8-rowwise", "rowwise"),
+    ("fp8-rowwise", "fp8-rowwise", "rowwise"), ("fp8-rowwise-gw-hp", "fp8-rowwise-gw-hp", "rowwise_with_gw_hp"),
 ])
 def test_precision_parse_fp8_names_are_bf16_autocast_without_loss_scaling(spelling: str, name: str, recipe: str) -> None:
     p = Precision.parse(spelling, device="cpu")
@@ -81,6 +81,15 @@ def test_fp8_candidates_auto_converts_nothing_on_a_small_model() -> None:
     assert fp8_candidates(Net(), FP8, fp8_filter="auto") == []
     big = nn.Sequential(nn.Linear(4096, 2048))
     assert fp8_candidates(big, FP8, fp8_filter="auto") == ["0"]
+
+
+def test_fp8_candidates_auto_for_rowwise_gw_hp_takes_rowwise_size_rules() -> None:
+    # (in, out) = (2048, 4096): big enough for tensorwise's rules, not for rowwise's; (4096, 4096): for both.
+    # On the meta device: the rules read only the weight's shape.
+    model = nn.Sequential(nn.Linear(2048, 4096, device="meta"), nn.Linear(4096, 4096, device="meta"))
+    chosen = {p: fp8_candidates(model, Precision.parse(p, "cpu"), fp8_filter="auto")
+              for p in ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp")}
+    assert chosen == {"fp8": ["0", "1"], "fp8-rowwise": ["1"], "fp8-rowwise-gw-hp": ["1"]}
 
 
 @pytest.mark.parametrize(("value", "error", "match"), [
@@ -139,10 +148,12 @@ def test_fp8_engine_on_cpu_warns_that_the_kernels_are_slow() -> None:
 def test_fp8_engine_state_records_the_canonical_precision() -> None:
     assert ampkit.MixedPrecision("fp8-tensorwise", device="cpu").state_dict()["precision"] == "fp8"
     assert ampkit.MixedPrecision("fp8-rowwise", device="cpu").state_dict()["precision"] == "fp8-rowwise"
+    assert ampkit.MixedPrecision("fp8-rowwise-gw-hp", device="cpu").state_dict()["precision"] == "fp8-rowwise-gw-hp"
 
 
 @pytest.mark.parametrize(("saved", "resumed"), [("bf16", "fp8"), ("fp8", "fp8-rowwise"), ("fp8-rowwise", "fp8"),
-                                                ("fp8", "bf16")])
+                                                ("fp8", "bf16"), ("fp8-rowwise", "fp8-rowwise-gw-hp"),
+                                                ("fp8-rowwise-gw-hp", "fp8-rowwise")])
 def test_fp8_engine_state_of_another_precision_is_refused(saved: str, resumed: str) -> None:
     state = ampkit.MixedPrecision(saved, device="cpu").state_dict()
     engine = ampkit.MixedPrecision(resumed, device="cpu")

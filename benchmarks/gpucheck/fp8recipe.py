@@ -6,6 +6,8 @@ times the recipe's step against the engine's.  The recipe is torchao's own: the 
 by ``convert_to_float8_training`` with the recipe's ``Float8LinearConfig`` (``emulate=False``:
 torch's ``_scaled_mm``, the CPU's or an fp8 GPU's), the optimizer built after converting, the
 forward and loss under bf16 autocast, backward, ``clip_grad_norm_``, the optimizer step.
+``autocast=False`` runs the forward without autocast, in both the recipe and the engine: on a CPU
+torchao's ``rowwise_with_gw_hp`` recipe runs only so (docs/fp8.md, "Recipes").
 
 torchao is imported inside the functions, so that importing this module (the section's
 availability check, a test collecting) never needs it.
@@ -13,6 +15,7 @@ availability check, a test collecting) never needs it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +28,8 @@ from gpucheck.checks import first_difference
 
 __all__ = ["RECIPES", "fp8_sized", "loss_of", "recipe_step", "torchao_config", "train_engine", "train_recipe", "training_difference"]
 
-RECIPES = {"fp8": "tensorwise", "fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise"}
+RECIPES = {"fp8": "tensorwise", "fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise",
+           "fp8-rowwise-gw-hp": "rowwise_with_gw_hp"}
 """ampkit's precision name -> torchao's recipe name (``Float8LinearConfig.from_recipe_name``)."""
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
@@ -37,9 +41,9 @@ def loss_of(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def recipe_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, clip: float | None,
-                *, accumulation: int = 1, boundary: bool = True) -> None:
+                *, accumulation: int = 1, boundary: bool = True, autocast: bool = True) -> None:
     """One micro-batch of the recipe; ``boundary``: the last of ``accumulation``, which clips and steps."""
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
         loss = loss_of(model(x), y) / accumulation
     loss.backward()
     if boundary:
@@ -66,7 +70,7 @@ def torchao_config(precision: str) -> Any:
 
 def train_recipe(model: nn.Module, precision: str, batches: Batches, *, accumulation: int = 1,
                  clip: float | None = None, lr: float = 1e-2,
-                 module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
+                 module_filter_fn: Callable[[nn.Module, str], bool] | None = None, autocast: bool = True,
                  ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Convert ``model`` with torchao and train it on ``batches``; returns the converted model and its optimizer."""
     from torchao.float8 import convert_to_float8_training
@@ -74,18 +78,20 @@ def train_recipe(model: nn.Module, precision: str, batches: Batches, *, accumula
     model = convert_to_float8_training(model, config=torchao_config(precision), module_filter_fn=module_filter_fn)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
     for i, (x, y) in enumerate(batches):
-        recipe_step(model, opt, x, y, clip, accumulation=accumulation, boundary=(i + 1) % accumulation == 0)
+        recipe_step(model, opt, x, y, clip, accumulation=accumulation, boundary=(i + 1) % accumulation == 0,
+                    autocast=autocast)
     return model, opt
 
 
-def train_engine(model: nn.Module, precision: str, batches: Batches, *, lr: float = 1e-2,
+def train_engine(model: nn.Module, precision: str, batches: Batches, *, lr: float = 1e-2, autocast: bool = True,
                  **engine: Any) -> tuple[nn.Module, torch.optim.Optimizer, ampkit.MixedPrecision]:
-    """``MixedPrecision(precision, **engine)`` on the device of ``batches`` trains ``model`` on them."""
+    """``MixedPrecision(precision, **engine)`` on the device of ``batches`` trains ``model`` on them
+    (``autocast=False``: the forward outside ``mp.autocast()``)."""
     mp = ampkit.MixedPrecision(precision, device=batches[0][0].device, **engine)
     model = mp.prepare(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
     for x, y in batches:
-        with mp.autocast():
+        with mp.autocast() if autocast else contextlib.nullcontext():
             loss = loss_of(model(x), y)
         mp.backward(loss)
         mp.step(opt)

@@ -1,8 +1,9 @@
 """fp8 training on torchao's float8 recipes: which Linear layers convert, and the conversion.
 
-An fp8 engine (``"fp8"`` = ``"fp8-tensorwise"``, or ``"fp8-rowwise"``) replaces ``nn.Linear``
-layers by torchao's ``Float8Linear`` in ``prepare`` and runs everything else under bf16 autocast,
-with fp32 master weights and no loss scaler.  The algorithm of ``Fp8Converter.convert``:
+An fp8 engine (``"fp8"`` = ``"fp8-tensorwise"``, ``"fp8-rowwise"`` or ``"fp8-rowwise-gw-hp"``)
+replaces ``nn.Linear`` layers by torchao's ``Float8Linear`` in ``prepare`` and runs everything else
+under bf16 autocast, with fp32 master weights and no loss scaler.  The algorithm of
+``Fp8Converter.convert``:
 
 1. Choose the layers: every ``nn.Linear`` whose in and out features are both multiples of 16
    (CUDA's fp8 GEMM requires it; ampkit checks it on every device so that CPU and GPU convert
@@ -13,6 +14,9 @@ with fp32 master weights and no loss scaler.  The algorithm of ``Fp8Converter.co
 3. ``torchao.float8.convert_to_float8_training`` swaps the chosen layers.  It swaps in place,
    except that a model which *is* an ``nn.Linear`` comes back as a new object: always train the
    returned model.
+4. A layer whose recipe feeds its input to a GEMM uncast (``rowwise_with_gw_hp``'s weight-gradient
+   GEMM) gets ``fp8recipes.autocast_input`` as a forward pre-hook: without it, that recipe raises
+   under CPU autocast (``ampkit.fp8recipes`` says why).
 
 torchao is imported only here, on the first conversion: building a non-fp8 engine, ``ampkit
 verify`` or ``ampkit doctor`` never imports it (about 2 s, and a few log lines, see
@@ -39,6 +43,7 @@ import torch
 from torch import nn
 
 from ampkit._util.frames import UserFrames
+from ampkit.fp8recipes import hook_autocast_input, named_recipe
 from ampkit.policy import KeepFp32Rule, resolve_keep_fp32, rule_names
 from ampkit.precision import FP8_RECIPES, Precision
 
@@ -145,7 +150,11 @@ def fp8_candidates(
         kept |= set(resolve_keep_fp32(model, spec, what="fp8_filter"))
     decide: Callable[[nn.Module, str], bool] | None = None
     if spec == "auto":
-        decide = _import_float8()._auto_filter_for_recipe(precision.fp8_recipe, filter_fqns=[])
+        # torchao 0.18's _auto_filter_for_recipe raises NotImplementedError for rowwise_with_gw_hp, so it
+        # takes rowwise's size rules (its forward GEMM is rowwise's).  Its weight-gradient GEMM stays bf16:
+        # it gains less from fp8 than rowwise, and a layer just past rowwise's sizes may gain nothing.
+        recipe = "rowwise" if precision.fp8_recipe == "rowwise_with_gw_hp" else precision.fp8_recipe
+        decide = _import_float8()._auto_filter_for_recipe(recipe, filter_fqns=[])
     elif callable(spec):
         decide = spec
     chosen = []
@@ -231,7 +240,8 @@ class Fp8Converter:
         """torchao's ``Float8LinearConfig`` for the recipe, the device's kernels and FSDP2's fp8 all-gather."""
         recipe = self.precision.fp8_recipe
         if recipe is None:
-            raise ValueError(f"precision {self.precision.name!r} is not an fp8 precision; use 'fp8' or 'fp8-rowwise'")
+            raise ValueError(f"precision {self.precision.name!r} is not an fp8 precision; use one of "
+                             f"{', '.join(map(repr, FP8_RECIPES))}")
         if all_gather:
             self._check_all_gather(nn.Module())
         config = _import_float8().Float8LinearConfig.from_recipe_name(recipe)
@@ -266,6 +276,8 @@ class Fp8Converter:
                 model, config=config, module_filter_fn=lambda _module, fqn: fqn in chosen,
             )
         self.layers = fp8_layer_names(model)
+        for layer in (model.get_submodule(name) for name in self.layers):  # converted here or by hand
+            hook_autocast_input(layer)
         if not self.layers:
             linears = sum(isinstance(m, nn.Linear) for m in model.modules())
             warnings.warn(
@@ -291,10 +303,10 @@ class Fp8Converter:
         f8 = _import_float8()  # already imported: the model holds its layers
         want = self.precision.fp8_recipe
         modules = dict(model.named_modules())
-        wrong = [n for n in layers if _recipe_of(f8, modules[n].config) != want]
+        wrong = [n for n in layers if named_recipe(f8, modules[n].config) != want]
         if not wrong:
             return
-        got = _recipe_of(f8, modules[wrong[0]].config)
+        got = named_recipe(f8, modules[wrong[0]].config)
         name = self.precision.name
         how = f"torchao's {got!r} recipe" if got else "a Float8LinearConfig that is none of torchao's named recipes"
         unconverted = "or pass the model unconverted to mp.prepare, which converts it with the engine's recipe"
@@ -315,7 +327,7 @@ class Fp8Converter:
             raise ValueError(
                 f"fp8_all_gather=True with precision={self.precision.name!r}: torchao all-gathers fp8 weights only "
                 "with tensorwise scaling (one scale per weight, precomputed after each step). Use precision='fp8' "
-                "with fp8_all_gather=True, or keep fp8-rowwise and drop fp8_all_gather"
+                f"with fp8_all_gather=True, or keep {self.precision.name!r} and drop fp8_all_gather"
             )
         without = [n for n, m in model.named_modules()
                    if is_float8_linear(m) and not m.config.enable_fsdp_float8_all_gather]
@@ -328,19 +340,6 @@ class Fp8Converter:
 
     def __repr__(self) -> str:
         return f"Fp8Converter({self.precision.name!r}, layers={len(self.layers)})"
-
-
-_CASTS = ("cast_config_input", "cast_config_input_for_grad_weight", "cast_config_weight",
-          "cast_config_weight_for_grad_input", "cast_config_grad_output", "cast_config_grad_output_for_grad_weight")
-
-
-def _recipe_of(f8: Any, config: Any) -> str | None:
-    """The name of torchao's recipe whose casts ``config`` has, or None for a config of its own."""
-    for recipe in f8.Float8LinearRecipeName:
-        named = f8.Float8LinearConfig.from_recipe_name(recipe)
-        if all(getattr(config, c) == getattr(named, c) for c in _CASTS):
-            return str(recipe.value)
-    return None
 
 
 def require_torchao(precision: Precision) -> None:

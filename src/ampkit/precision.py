@@ -4,11 +4,11 @@
 Lightning and Accelerate into one explicit object: the autocast dtype, whether loss scaling is
 needed, and the device it was checked against.
 
-The fp8 precisions (``"fp8"`` = ``"fp8-tensorwise"``, torchao's default recipe, and
-``"fp8-rowwise"``) run torchao's float8 Linear layers inside bf16 autocast: their autocast dtype
-is bf16, they need no loss scaling (torchao scales each tensor itself), and ``fp8_recipe`` names
-the torchao recipe.  Parsing them never imports torchao (``ampkit.fp8`` does, when a model is
-converted).
+The fp8 precisions (``"fp8"`` = ``"fp8-tensorwise"``, torchao's default recipe, ``"fp8-rowwise"``
+and ``"fp8-rowwise-gw-hp"``, rowwise with the weight-gradient GEMM in bf16) run torchao's float8
+Linear layers inside bf16 autocast: their autocast dtype is bf16, they need no loss scaling
+(torchao scales each tensor itself), and ``fp8_recipe`` names the torchao recipe.  Parsing them
+never imports torchao (``ampkit.fp8`` does, when a model is converted).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class PrecisionError(ValueError):
     """A precision name or device that cannot be used; the message says what to use instead."""
 
 
-PrecisionName = Literal["fp32", "bf16", "fp16", "fp8", "fp8-rowwise"]
+PrecisionName = Literal["fp32", "bf16", "fp16", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp"]
 """A canonical precision name (``Precision.name``): what reports, checkpoints and findings record.
 Users may spell them otherwise (``PRECISION_ALIASES``); ``Precision.parse`` turns any spelling into one."""
 
@@ -57,7 +57,7 @@ FormatName = Literal["fp16", "bf16", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", 
 """A low-precision format ``ampkit preflight`` judges: the engine's low precisions, and the what-if block formats
 MXFP8 and NVFP4, which ampkit emulates through torchao's casts but does not train."""
 
-Fp8RecipeName = Literal["tensorwise", "rowwise"]
+Fp8RecipeName = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]
 """torchao's recipe names (``Float8LinearRecipeName``) that an ampkit fp8 precision trains."""
 
 # Accepted spellings -> canonical name.  "auto" is resolved per device.
@@ -76,17 +76,20 @@ PRECISION_ALIASES: dict[str, PrecisionName | Literal["auto"]] = {
     "fp8": "fp8",
     "fp8-tensorwise": "fp8",
     "fp8-rowwise": "fp8-rowwise",
+    "fp8-rowwise-gw-hp": "fp8-rowwise-gw-hp",
     "auto": "auto",
 }
 
-FP8_RECIPES: dict[PrecisionName, Fp8RecipeName] = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}
+FP8_RECIPES: dict[PrecisionName, Fp8RecipeName] = {
+    "fp8": "tensorwise", "fp8-rowwise": "rowwise", "fp8-rowwise-gw-hp": "rowwise_with_gw_hp",
+}
 """Canonical fp8 precision name -> the torchao recipe name (``Float8LinearConfig.from_recipe_name``)."""
 
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 
 # fp8 computes its converted Linear layers in fp8 and everything else under bf16 autocast.
 _DTYPES: dict[PrecisionName, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-           "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16}
+           "fp8": torch.bfloat16, "fp8-rowwise": torch.bfloat16, "fp8-rowwise-gw-hp": torch.bfloat16}
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -185,7 +188,7 @@ class Precision:
     """
 
     name: PrecisionName
-    """Canonical name: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"`` or ``"fp8-rowwise"``."""
+    """Canonical name: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ``"fp8-rowwise"`` or ``"fp8-rowwise-gw-hp"``."""
     device: torch.device
     """The device the precision was checked against."""
 
@@ -215,7 +218,7 @@ class Precision:
 
     @property
     def fp8_recipe(self) -> Fp8RecipeName | None:
-        """torchao's recipe name (``"tensorwise"`` or ``"rowwise"``) for fp8, else None."""
+        """torchao's recipe name (``"tensorwise"``, ``"rowwise"`` or ``"rowwise_with_gw_hp"``) for fp8, else None."""
         return FP8_RECIPES.get(self.name)
 
     @classmethod

@@ -45,6 +45,7 @@ def test_fp8_section_cpu_tiny_passes_the_recipe_and_doctor_checks_and_reports_sp
     assert checks == [
         ("fp8.recipe", "fp8-tensorwise-clip", "pass"),
         ("fp8.recipe", "fp8-rowwise-clip", "pass"),
+        ("fp8.recipe", "fp8-rowwise-gw-hp-clip", "pass"),
         ("fp8.recipe", "fp8-accumulate-2", "pass"),
         ("fp8.doctor", "injected activation outlier", "pass"),
         ("fp8.mlp_speedup", "MLP block 32 x 128", "reported"),
@@ -57,7 +58,9 @@ def test_fp8_section_recipe_check_converts_layers_and_compares_the_optimizer_sta
     recipe = [c for c in tiny_fp8["checks"] if c["key"] == "fp8.recipe"]
     # The tiny MLP's input (8 -> 16) and head (16 -> 4) are not fp8-sized: the four block Linears are.
     assert all(c["evidence"]["fp8_layers"] == ["blocks.0.1", "blocks.0.3", "blocks.1.1", "blocks.1.3"] for c in recipe)
-    assert [c["evidence"]["accumulation"] for c in recipe] == [1, 1, 2]
+    assert [c["evidence"]["accumulation"] for c in recipe] == [1, 1, 1, 2]
+    # gw-hp without autocast: on a CPU torchao's recipe raises under it
+    assert [c["evidence"]["autocast"] for c in recipe] == [True, True, False, True]
 
 
 def test_fp8_section_doctor_check_names_the_outlier_layer_and_its_verified_filter(tiny_fp8: dict[str, Any]) -> None:

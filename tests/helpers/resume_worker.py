@@ -9,8 +9,8 @@ fast-growing dynamic loss scale (scaler state), saving a checkpoint after every 
 With --reference it first trains an uninterrupted run of --reference-steps micro-batches from a
 fresh build (every RNG re-seeded) and writes it there: the run a resumed one must equal, without a
 process of its own to start (each start imports torch and ampkit).
-With --precision fp8 (or fp8-rowwise) the model is wider (dims multiples of 16, so its Linear
-layers convert) and has no loss scaler.
+With an fp8 --precision (fp8, fp8-rowwise, fp8-rowwise-gw-hp) the model is wider (dims multiples of 16,
+so its Linear layers convert) and has no loss scaler.
 """
 
 from __future__ import annotations

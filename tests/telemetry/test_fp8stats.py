@@ -25,7 +25,7 @@ from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8 
 from torchao.float8.float8_utils import tensor_to_scale  # noqa: E402
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-PRECISIONS = ("fp8", "fp8-rowwise")
+PRECISIONS = ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp")
 _LAYERS = ("0", "2")
 
 
@@ -131,9 +131,11 @@ def test_telemetry_fp8_flush_fraction_of_an_outlier_input_is_exact(precision: st
     else:
         # Rowwise: the input is scaled per row (forward GEMM) and per column (weight-gradient GEMM), with
         # scales rounded down to powers of 2; only row 0 and column 0 hold the outlier.  Elsewhere the
-        # amax is 1.0 (scale 256), and 1e-3 * 256 is representable.
+        # amax is 1.0 (scale 256), and 1e-3 * 256 is representable.  gw-hp casts it per row only: its
+        # weight-gradient GEMM takes the input in bf16.
         r, c = torch.meshgrid(torch.arange(16), torch.arange(32), indexing="ij")
-        flushed = int((tiny & ((r == 0) | (c == 0))).sum())
+        outlier = (r == 0) if precision == "fp8-rowwise-gw-hp" else (r == 0) | (c == 0)
+        flushed = int((tiny & outlier).sum())
     _step(mp, model, opt, x)
     fraction = records[0]["fp8_flush_fraction"]["0"]["input"]
     assert fraction == flushed / nonzero and fraction > (0.45 if precision == "fp8" else 0.01)

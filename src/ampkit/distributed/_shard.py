@@ -23,11 +23,11 @@ How it combines with ``mp.autocast()`` -- use both:
 * With fp16, loss scaling still runs in the engine: gradients are unscaled after the
   reduce-scatter, on each rank's fp32 shard, and ``ampkit.distributed.setup`` all-reduces
   ``found_inf`` so that every rank skips together.
-* With fp8 (``"fp8"``, ``"fp8-rowwise"``), ``shard`` converts the Linear layers to torchao's
-  float8 layers *before* ``fully_shard`` (converting a sharded model fails in the first forward),
-  with the engine's ``keep_fp32`` and ``fp8_filter``; ``mp.prepare(model)`` afterwards converts
-  nothing more.  ``fp8_all_gather=True`` (tensorwise only) all-gathers the converted weights in
-  fp8 instead of bf16, and attaches a hook that calls torchao's
+* With fp8 (``"fp8"``, ``"fp8-rowwise"``, ``"fp8-rowwise-gw-hp"``), ``shard`` converts the Linear
+  layers to torchao's float8 layers *before* ``fully_shard`` (converting a sharded model fails in the
+  first forward), with the engine's ``keep_fp32`` and ``fp8_filter``; ``mp.prepare(model)``
+  afterwards converts nothing more.  ``fp8_all_gather=True`` (tensorwise only) all-gathers the
+  converted weights in fp8 instead of bf16, and attaches a hook that calls torchao's
   ``precompute_float8_dynamic_scale_for_fsdp`` after every optimizer step (one all-reduce of
   the weight scales).  It wraps the weights in new parameters, so the optimizer must be built
   after ``shard``; the hook checks that on the first step.

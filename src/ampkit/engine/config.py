@@ -67,8 +67,8 @@ class EngineConfig:
         if self.fp8_filter != () and not self.precision.is_fp8:
             raise ValueError(
                 f"MixedPrecision({self.precision.name!r}, fp8_filter=...): fp8_filter chooses the Linear layers "
-                "that fp8 converts and has no effect on other precisions; pass precision='fp8' or 'fp8-rowwise', "
-                "or drop fp8_filter"
+                "that fp8 converts and has no effect on other precisions; pass precision='fp8', 'fp8-rowwise' or "
+                "'fp8-rowwise-gw-hp', or drop fp8_filter"
             )
 
     @property

@@ -60,7 +60,8 @@ class Engine:
     """Mixed-precision training engine; extensions attach as ``EngineHook`` objects.
 
     Args:
-        precision: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ``"fp8-rowwise"``, ``"auto"`` or an alias.
+        precision: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ``"fp8-rowwise"``, ``"fp8-rowwise-gw-hp"``,
+            ``"auto"`` or an alias.
         device: the device autocast runs on (``"auto"``: cuda, xpu, mps, then cpu).
         scaler: a ``LossScaler``, or ``"dynamic"``, ``"static"``, ``"none"``; default dynamic for
             fp16 and none for bf16/fp32.

@@ -21,7 +21,9 @@ unchanged, so it is the gradient torchao casts).
 The cast specs come from the layer's own ``Float8LinearConfig``: every cast the recipe makes of
 an operand (e.g. rowwise scales the input per row for the forward GEMM and per column for the
 weight-gradient GEMM) is replayed, with torchao's dtype per operand (tensorwise: e4m3 for input
-and weight, e5m2 for grad_output; rowwise: e4m3 throughout, scales rounded down to powers of 2).
+and weight, e5m2 for grad_output; rowwise: e4m3 throughout, scales rounded down to powers of 2;
+rowwise_with_gw_hp: rowwise's casts, but none for the weight-gradient GEMM, which takes the input
+and grad_output in bf16).
 An element counts as flushed when it is non-zero and zero in at least one of those copies.
 
 Cost.  A step that is not sampled pays two Python hook calls per fp8 layer that return at once
@@ -127,7 +129,10 @@ def operand_matrix(operand: str, x: torch.Tensor) -> torch.Tensor:
 
 def seen_input(x: torch.Tensor) -> torch.Tensor:
     """The input as ``Float8Linear.forward`` casts it: to the CUDA autocast dtype when that autocast is on
-    (torchao tests ``torch.is_autocast_enabled()``, which is CUDA's; CPU autocast leaves it as it is)."""
+    (torchao tests ``torch.is_autocast_enabled()``, which is CUDA's; CPU autocast leaves it as it is).
+    An ``fp8-rowwise-gw-hp`` layer's input arrives cast already under any autocast: ampkit's cast
+    (``fp8recipes.autocast_input``) is a pre-hook from ``prepare``, which runs before those of the
+    telemetry and the doctor."""
     return x.to(torch.get_autocast_dtype("cuda")) if torch.is_autocast_enabled("cuda") else x
 
 

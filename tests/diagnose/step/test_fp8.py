@@ -10,17 +10,26 @@ pytest.importorskip("torchao")
 
 from ampkit.diagnose.step.api import diagnose_step
 from ampkit.diagnose.step.compare import GradComparison, precision_findings
-from ampkit.diagnose.step.fp8 import filter_layers, out_of_fp8, strip_fp8
+from ampkit.diagnose.step.fp8 import filter_layers, fp8_precision, out_of_fp8, strip_fp8
 from ampkit.fp8 import fp8_layer_names, is_float8_linear
 from ampkit.mixed_precision import MixedPrecision
+from ampkit.precision import FP8_RECIPES, Precision
 
 
-def _fp8_model() -> tuple[nn.Module, MixedPrecision]:
+def _fp8_model(precision: str = "fp8") -> tuple[nn.Module, MixedPrecision]:
     torch.manual_seed(0)
     with pytest.warns(UserWarning, match="no fp8 GEMM"):  # the CPU runs fp8 on torch's _scaled_mm
-        mp = MixedPrecision("fp8", device="cpu")
+        mp = MixedPrecision(precision, device="cpu")
     model = mp.prepare(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16)))
     return model, mp
+
+
+@pytest.mark.parametrize(("precision", "recipe"), list(FP8_RECIPES.items()))
+def test_fp8_precision_reads_the_recipe_from_the_layers_config(precision: str, recipe: str) -> None:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    model = convert_to_float8_training(nn.Sequential(nn.Linear(32, 64)), config=Float8LinearConfig.from_recipe_name(recipe))
+    assert fp8_precision(Precision.parse("bf16", "cpu"), model).name == precision  # a script's bf16 autocast
 
 
 def test_out_of_fp8_runs_the_named_layers_as_linear_and_restores_them() -> None:
@@ -56,15 +65,17 @@ def test_diagnose_step_fp8_outlier_names_the_flushed_input_and_verifies_the_filt
     assert result.comparison["fp8_operands"]["2"]["input"]["flush_fraction"] == 0.0
 
 
-def test_diagnose_step_fp8_healthy_model_has_no_precision_finding() -> None:
-    model, mp = _fp8_model()
+@pytest.mark.parametrize("precision", list(FP8_RECIPES))
+def test_diagnose_step_fp8_healthy_model_has_no_precision_finding(precision: str) -> None:
+    model, mp = _fp8_model(precision)
     x = torch.randn(64, 32)
 
     def run(m: nn.Module) -> torch.Tensor:
         with mp.autocast():
             return m(x).float().pow(2).mean()
 
-    result = diagnose_step(model, run, precision="fp8")
+    result = diagnose_step(model, run, precision=precision)
+    assert result.precision == precision
     assert not [f for f in result.findings if f.severity != "info"]
     assert result.comparison["output_sqnr_db"][""] > 15.0  # the shadow is fp32, not fp8: a finite, real gap
     assert result.comparison["output_sqnr_db"][""] < 60.0

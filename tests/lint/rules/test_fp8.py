@@ -54,11 +54,20 @@ def test_fp8_conversion_in_a_helper_without_backward_is_not_judged() -> None:
     'ampkit.MixedPrecision("fp8", device="cuda")',
     'ampkit.MixedPrecision(precision="fp8-tensorwise")',
     'ampkit.mixed_precision.MixedPrecision("fp8-rowwise")',
+    'ampkit.MixedPrecision("fp8-rowwise-gw-hp", device="cuda")',
     'ampkit.engine.Engine("fp8")',
 ])
 def test_fp8_ampkit_engine_without_compile_is_reported(construction: str) -> None:
     assert hits(f"import ampkit\nmp = {construction}\nmodel = mp.prepare(model)\nmp.backward(loss)\n") \
         == [(2, "AMP117")]
+
+
+def test_fp8_precision_names_are_every_spelling_of_an_fp8_precision() -> None:
+    # lint never imports torch, so it spells the names out; they must follow ampkit.precision's.
+    from ampkit.lint.rules.fp8 import _FP8_PRECISIONS
+    from ampkit.precision import FP8_RECIPES, PRECISION_ALIASES
+
+    assert {spelling for spelling, name in PRECISION_ALIASES.items() if name in FP8_RECIPES} == _FP8_PRECISIONS
 
 
 @pytest.mark.parametrize("construction", [

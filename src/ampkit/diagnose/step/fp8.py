@@ -5,7 +5,8 @@ leaves ``Float8Linear`` layers in the model and runs the rest under bf16 autocas
 bf16 autocast.  Three things differ from a bf16 diagnosis:
 
 * **the precision** is fp8 (``fp8_precision``): the recipe is read from the layers' own
-  ``Float8LinearConfig``, so PRECISION_LOSS is judged with fp8's threshold;
+  ``Float8LinearConfig`` (``fp8recipes.fp8_recipe_of``: gw-hp's high-precision weight-gradient GEMM
+  tells it from rowwise), so PRECISION_LOSS is judged with fp8's threshold;
 * **the fp32 shadow** must not cast to fp8: disabling autocast does not reach torchao's casts, so
   every ``Float8Linear`` of the shadow copy becomes a plain ``nn.Linear`` (``strip_fp8``);
 * **a trial keeps modules out of fp8** instead of in fp32 (``out_of_fp8``): their ``Float8Linear``
@@ -29,21 +30,22 @@ from typing import Any
 from torch import nn
 
 from ampkit.fp8 import fp8_layer_names, is_float8_linear
+from ampkit.fp8recipes import fp8_recipe_of
 from ampkit.policy import resolve_keep_fp32
-from ampkit.precision import Precision
+from ampkit.precision import FP8_RECIPES, Fp8RecipeName, Precision
 
 __all__ = ["filter_layers", "fp8_candidates_only", "fp8_precision", "fp8_recipe", "layers_to_filter", "out_of_fp8",
            "strip_fp8"]
 
 
-def fp8_recipe(model: nn.Module) -> str | None:
-    """``"tensorwise"`` or ``"rowwise"`` from the first ``Float8Linear``'s config; None without fp8 layers."""
+def fp8_recipe(model: nn.Module) -> Fp8RecipeName | None:
+    """``"tensorwise"``, ``"rowwise"`` or ``"rowwise_with_gw_hp"`` from the first ``Float8Linear``'s config
+    (``fp8_recipe_of``); None without fp8 layers."""
     layer = next((m for m in model.modules() if is_float8_linear(m)), None)
     if layer is None:
         return None
     config: Any = layer.config
-    granularity = config.cast_config_input.scaling_granularity.value
-    return "rowwise" if granularity == "axiswise" else "tensorwise"
+    return fp8_recipe_of(config)
 
 
 def fp8_precision(precision: Precision, model: nn.Module) -> Precision:
@@ -51,7 +53,8 @@ def fp8_precision(precision: Precision, model: nn.Module) -> Precision:
     recipe = fp8_recipe(model)
     if recipe is None or precision.is_fp8:
         return precision
-    return Precision.parse("fp8-rowwise" if recipe == "rowwise" else "fp8", precision.device)
+    name = next(name for name, named in FP8_RECIPES.items() if named == recipe)
+    return Precision.parse(name, precision.device)
 
 
 def _layers_under(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:

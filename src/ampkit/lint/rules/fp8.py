@@ -26,7 +26,7 @@ PRECOMPUTE = "precompute_float8_dynamic_scale_for_fsdp"
 ALL_GATHER = "enable_fsdp_float8_all_gather"
 
 _ENGINES = frozenset({"ampkit.MixedPrecision", "ampkit.mixed_precision.MixedPrecision", "ampkit.engine.Engine"})
-_FP8_PRECISIONS = frozenset({"fp8", "fp8-tensorwise", "fp8-rowwise"})
+_FP8_PRECISIONS = frozenset({"fp8", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"})
 # What a file may use to compile its model: torch.compile itself, model.compile(), a project's own
 # helper (apply_compile, compile_model), a config switch (job_config.compile.enable) or a dynamo
 # backend (Accelerate's dynamo_backend=).  Any of them keeps AMP117 silent.
@@ -52,8 +52,9 @@ def _is_fully_shard(ctx: FileContext, func: ast.AST) -> bool:
 
 
 def _fp8_engine(ctx: FileContext, call: ast.Call, scope: Scope) -> bool:
-    """``ampkit.MixedPrecision("fp8" | "fp8-tensorwise" | "fp8-rowwise", ...)``, the name given
-    directly or through one binding."""
+    """``ampkit.MixedPrecision(P, ...)`` with ``P`` an fp8 precision (``_FP8_PRECISIONS``: ``"fp8"``,
+    ``"fp8-tensorwise"``, ``"fp8-rowwise"``, ``"fp8-rowwise-gw-hp"``), the name given directly or
+    through one binding."""
     if ctx.qualname(call.func) not in _ENGINES:
         return False
     precision = call_arg(call, 0, "precision")
