@@ -160,10 +160,11 @@ FORMAT_SQNR: dict[FormatName, Threshold] = {
     "mxfp8": _sqnr(15.0),
     "nvfp4": _sqnr(2.0),
 }
-"""``ampkit preflight``'s SQNR rule per format: a module's forward output, or all gradients together, whose SQNR
-against fp32 falls below it breaks the model in that format (``diagnose.preflight.judge``).
+"""``ampkit preflight``'s SQNR rule per format: a module whose forward output's SQNR against fp32 falls below it
+breaks the model in that format (``diagnose.preflight.judge``; gradient SQNR is reported, not judged).
 
-Each threshold is the lowest SQNR the format gives on well-scaled models, minus 8 dB, rounded down
+Each threshold is the lowest SQNR (of module forward outputs and of all gradients together) the format
+gives on well-scaled models, minus 8 dB, rounded down
 (``benchmarks/derive_format_thresholds.py``: LayerNorm'd MLP stacks and small GPTs at their default
 initialisation, three seeds each; measured 61.2, 43.4, 19.9, 22.9, 23.2, 23.2 and 10.8 dB in the order
 above).  8 dB is an error 2.5 times the RMS of the worst well-scaled module's: room for deeper models,

@@ -157,9 +157,10 @@ def _from_script(args: argparse.Namespace) -> tuple[Any, list[Any]]:
         first = capture_first_steps(args.target, args.args, module=args.as_module, steps=args.steps)
     except ModuleNotFoundError as exc:
         raise UsageError(f"-m {args.target}: {exc}") from exc
-    if not first.captures:
-        raise UsageError(f"{args.target} trained nothing preflight can replay ({first.ended}): it must call its model "
-                         "and step an optimizer; for a task defined in the file, pass FILE:ATTR")
+    if first.missing is not None:
+        ended = f"; it ended by {first.ended}" + (f" ({first.error})" if first.error else "")
+        raise UsageError(f"{args.target} never made {first.missing}, so preflight has no step to replay{ended}. "
+                         "For a task defined in the file, pass FILE:ATTR")
     return first.captures[0].root, [CapturedStep(c) for c in first.captures]
 
 
@@ -167,6 +168,9 @@ def _from_model_dir(args: argparse.Namespace, directory: Path) -> tuple[Any, lis
     from ampkit.diagnose.preflight.hfdir import load_model_dir
     from ampkit.diagnose.preflight.steps import BatchStep
 
+    if args.args:
+        raise UsageError(f"{args.target} is a model directory and takes no arguments (got {' '.join(args.args)!r}); "
+                         "options come before TARGET: ampkit preflight --text FILE MODEL_DIR")
     if (args.text is None) == (args.batches is None):
         raise UsageError(f"{args.target} is a model directory: give exactly one of --text FILE or --batches FILE")
     for flag in ("text", "batches"):

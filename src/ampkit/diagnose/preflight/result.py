@@ -85,7 +85,7 @@ class FormatReport:
     first_break: Break | None = None
     policy: Policy = field(default_factory=Policy)
     policy_sqnr_db: dict[str, float | None] = field(default_factory=dict)
-    """``{"before": ..., "after": ...}``: the lowest module SQNR without and with the policy."""
+    """``{"before": ..., "after": ...}``: the lowest module forward-output SQNR without and with the policy."""
     grad_sqnr_db: float | None = None
     """The SQNR (dB) of all parameter gradients together against fp32, the lowest over the steps, without a policy."""
     layers: list[LayerReport] = field(default_factory=list)

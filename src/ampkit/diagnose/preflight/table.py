@@ -18,7 +18,7 @@ def render_summary(result: PreflightResult, *, file: TextIO) -> None:
     names = [f.format + (" (emulated)" if f.emulated else "") for f in result.formats]
     rows = [("verdict", [_VERDICT_WORDS[f.verdict] for f in result.formats]),
             ("policy", [_policy_cell(f) for f in result.formats]),
-            ("lowest SQNR dB", [_sqnr_cell(f) for f in result.formats]),
+            ("lowest fwd SQNR dB", [_sqnr_cell(f) for f in result.formats]),
             ("seconds", [f"{f.seconds:.1f}" for f in result.formats])]
     width = max(len(label) for label, _ in rows)
     cols = [max(len(n), *(len(cells[i]) for _, cells in rows)) for i, n in enumerate(names)]
@@ -77,8 +77,7 @@ def _policy_code(f: FormatReport) -> str:
 
 
 def _sqnr_cell(f: FormatReport) -> str:
-    values = [v for layer in f.layers for v in (layer.forward_sqnr_db, layer.grad_sqnr_db)
-              if v is not None and not math.isnan(v)]
+    values = [v for layer in f.layers for v in (layer.forward_sqnr_db,) if v is not None and not math.isnan(v)]
     return f"{min(values):.1f}" if values else "-"
 
 
