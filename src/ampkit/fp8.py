@@ -18,9 +18,9 @@ under bf16 autocast, with fp32 master weights and no loss scaler.  The algorithm
    GEMM) gets ``fp8recipes.autocast_input`` as a forward pre-hook: without it, that recipe raises
    under CPU autocast (``ampkit.fp8recipes`` says why).
 
-torchao is imported only here, on the first conversion: building a non-fp8 engine, ``ampkit
-verify`` or ``ampkit doctor`` never imports it (about 2 s, and a few log lines, see
-``_import_float8``).
+torchao is imported only through this module (``import_torchao``), on the first conversion or
+emulated block-format cast: building a non-fp8 engine, ``ampkit verify`` or ``ampkit doctor``
+never imports it (about 2 s, and a few log lines, see ``import_torchao``).
 
 >>> import torch
 >>> from ampkit.precision import FP8_RECIPES, Precision
@@ -58,6 +58,7 @@ __all__ = [
     "fp8_candidates",
     "fp8_layer_names",
     "has_fp8_gemm",
+    "import_torchao",
     "is_float8_linear",
     "require_torchao",
     "torchao_installed",
@@ -185,32 +186,37 @@ def _emulate(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_GEMM_CAPABILITY
 
 
-def _import_float8() -> Any:
-    """``import torchao.float8``, with its import-time warnings about unloadable CUDA extensions held back.
+def import_torchao(module: str) -> Any:
+    """``import module`` (a torchao module, e.g. ``torchao.float8``), with its import-time warnings held back.
 
     On a CPU-only torch torchao logs "Failed to load .../_C_*.so" for its CUDA kernel libraries
-    (none of which float8 training uses) and torch logs a pytree deprecation for one of torchao's
-    enums, on every process that imports it.  They say nothing about the user's run, so they are
-    raised to ERROR for the import only; the levels are restored afterwards and errors still pass.
+    (none of which float8 training or the MX/NVFP4 casts use) and torch logs a pytree deprecation
+    for each of torchao's enums, on every process that imports it.  They say nothing about the
+    user's run, so they are raised to ERROR for the import only; the levels are restored afterwards
+    and errors still pass.  Raises ``ImportError`` naming ``ampkit[fp8]`` when the import fails.
     """
-    if "torchao.float8" in sys.modules:
-        return sys.modules["torchao.float8"]
+    if module in sys.modules:
+        return sys.modules[module]
     loggers = [logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        import torchao.float8
-        import torchao.float8.float8_linear
+        return importlib.import_module(module)
     except Exception as exc:  # a broken install fails in many ways: a missing symbol, a version clash
         raise ImportError(
-            f"torchao is installed but `import torchao.float8` fails ({type(exc).__name__}: {exc}); install a "
+            f"torchao is installed but `import {module}` fails ({type(exc).__name__}: {exc}); install a "
             f"working one with `{FP8_EXTRA}` (torchao 0.18), or use precision='bf16'"
         ) from exc
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
-    return torchao.float8
+
+
+def _import_float8() -> Any:
+    """``import torchao.float8`` (and its ``Float8Linear`` module, which ``is_float8_linear`` looks up)."""
+    import_torchao("torchao.float8.float8_linear")
+    return import_torchao("torchao.float8")
 
 
 class Fp8Converter:

@@ -56,8 +56,8 @@ from torch import nn
 from ampkit._util.modhooks import own_hook
 from ampkit.fp8 import is_float8_linear
 
-__all__ = ["DEFAULT_EVERY", "OPERANDS", "CastSpec", "Fp8Stats", "cast_specs", "fp8_fields", "fp8_scale",
-           "operand_matrix", "operand_stats", "rowwise_specs", "seen_input", "spec_scale"]
+__all__ = ["DEFAULT_EVERY", "OPERANDS", "CastSpec", "Fp8Stats", "cast_specs", "fp8_fields", "fp8_round_trip",
+           "fp8_scale", "gemm_cast", "operand_matrix", "operand_stats", "rowwise_specs", "seen_input", "spec_scale"]
 
 OPERANDS = ("input", "weight", "grad_output")
 DEFAULT_EVERY = 100
@@ -89,15 +89,23 @@ class CastSpec:
 def cast_specs(config: Any, operand: str) -> tuple[CastSpec, ...]:
     """The distinct fp8 casts torchao's ``Float8LinearConfig`` makes of ``operand`` (empty: kept in high precision)."""
     specs: list[CastSpec] = []
-    for attr, dim in _USES[operand]:
-        cc = getattr(config, attr)
-        if cc.scaling_type.value == "disabled":
-            continue
-        axiswise = cc.scaling_granularity.value == "axiswise"
-        spec = CastSpec(cc.target_dtype, dim if axiswise else None, bool(config.round_scales_to_power_of_2))
-        if spec not in specs:
+    for _, dim in _USES[operand]:
+        spec = gemm_cast(config, operand, dim)
+        if spec is not None and spec not in specs:
             specs.append(spec)
     return tuple(specs)
+
+
+def gemm_cast(config: Any, operand: str, dim: int) -> CastSpec | None:
+    """The fp8 cast torchao's ``Float8LinearConfig`` makes of ``operand`` for the GEMM that reduces over
+    ``dim`` (-1 or 0) of its 2-D matrix (``operand_matrix``'s orientation); None: that GEMM keeps it in
+    high precision (``ScalingType.DISABLED``)."""
+    attr = next(a for a, d in _USES[operand] if d == dim)
+    cc = getattr(config, attr)
+    if cc.scaling_type.value == "disabled":
+        return None
+    axiswise = cc.scaling_granularity.value == "axiswise"
+    return CastSpec(cc.target_dtype, dim if axiswise else None, bool(config.round_scales_to_power_of_2))
 
 
 def fp8_scale(amax: torch.Tensor, dtype: torch.dtype, *, pow2: bool = False) -> torch.Tensor:
@@ -125,6 +133,17 @@ def spec_scale(ax: torch.Tensor, spec: CastSpec) -> torch.Tensor:
 def operand_matrix(operand: str, x: torch.Tensor) -> torch.Tensor:
     """The 2-D matrix torchao casts for ``operand``: ``input``/``grad_output`` flattened to rows, ``weight.t()``."""
     return x.t() if operand == "weight" else x.reshape(-1, x.shape[-1])
+
+
+def fp8_round_trip(x: torch.Tensor, spec: CastSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 2-D float32 operand ``x`` through torchao's fp8 cast ``spec`` and back, and the scale it used.
+
+    torchao's cast: ``x * scale``, clamped to the format's maximum, rounded to fp8; the round trip
+    divides by the scale again.  The scale is one per tensor, or per row/column (``spec_scale``).
+    """
+    fmax = torch.finfo(spec.dtype).max
+    scale = spec_scale(x.abs(), spec)
+    return (x * scale).clamp(-fmax, fmax).to(spec.dtype).to(torch.float32) / scale, scale
 
 
 def seen_input(x: torch.Tensor) -> torch.Tensor:

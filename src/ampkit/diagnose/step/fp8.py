@@ -17,6 +17,11 @@ A ``Float8Linear`` is an ``nn.Linear`` subclass that only overrides ``forward``;
 ``nn.Linear`` as the instance's class and back.  That keeps the parameters, the hooks and the module
 names (the recorder's references stay valid) and costs nothing: no copy, no torchao call.
 
+An emulated MXFP8/NVFP4 layer (``diagnose.core.blockcast.BlockFormatLinear``, what ``ampkit preflight``
+replays its what-if formats with) is such a subclass too, and is stripped, kept out and listed the
+same way: every walk here selects ``is_quantized_linear`` layers, a Linear in a low-precision GEMM
+format.  Only the recipe (``fp8_recipe``) is read from ``Float8Linear`` layers alone.
+
 torchao is never imported here: ``ampkit.fp8.is_float8_linear`` is False until it was imported by
 whoever converted the model.
 """
@@ -29,7 +34,8 @@ from typing import Any
 
 from torch import nn
 
-from ampkit.fp8 import fp8_layer_names, is_float8_linear
+from ampkit.diagnose.core.blockcast import quantized_layer_names
+from ampkit.fp8 import is_float8_linear
 from ampkit.fp8recipes import fp8_recipe_of
 from ampkit.policy import resolve_keep_fp32
 from ampkit.precision import FP8_RECIPES, Fp8RecipeName, Precision
@@ -58,10 +64,11 @@ def fp8_precision(precision: Precision, model: nn.Module) -> Precision:
 
 
 def _layers_under(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
-    """The ``Float8Linear`` layers that are, or sit inside, the named modules."""
+    """The quantized Linear layers (``Float8Linear``, emulated block formats) that are, or sit inside, the
+    named modules."""
     chosen = set(names)
     out = []
-    for name in fp8_layer_names(model):
+    for name in quantized_layer_names(model):
         parts = name.split(".") if name else []
         if any(".".join(parts[:i]) in chosen for i in range(len(parts) + 1)):
             out.append(model.get_submodule(name))
@@ -70,7 +77,7 @@ def _layers_under(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
 
 @contextlib.contextmanager
 def out_of_fp8(model: nn.Module, names: Sequence[str]) -> Iterator[list[nn.Module]]:
-    """Run the ``Float8Linear`` layers in or under ``names`` as ``nn.Linear`` until the block ends."""
+    """Run the quantized Linear layers in or under ``names`` as ``nn.Linear`` until the block ends."""
     layers = _layers_under(model, names)
     classes = [type(m) for m in layers]
     for m in layers:
@@ -83,24 +90,24 @@ def out_of_fp8(model: nn.Module, names: Sequence[str]) -> Iterator[list[nn.Modul
 
 
 def strip_fp8(model: nn.Module) -> nn.Module:
-    """Turn every ``Float8Linear`` of ``model`` (a private copy) into ``nn.Linear`` for good; returns it."""
+    """Turn every quantized Linear of ``model`` (a private copy) into ``nn.Linear`` for good; returns it."""
     for m in _layers_under(model, [""]):
         m.__class__ = nn.Linear
     return model
 
 
 def filter_layers(model: nn.Module, patterns: Sequence[str]) -> list[str]:
-    """The ``Float8Linear`` layers ``fp8_filter=patterns`` keeps out of fp8, resolved as the engine does."""
+    """The quantized Linear layers ``fp8_filter=patterns`` keeps out of fp8, resolved as the engine does."""
     matched = resolve_keep_fp32(model, list(patterns), what="fp8_filter")
     layers = {id(m) for m in _layers_under(model, matched)}
-    return [n for n in fp8_layer_names(model) if id(model.get_submodule(n)) in layers]
+    return [n for n in quantized_layer_names(model) if id(model.get_submodule(n)) in layers]
 
 
 def fp8_candidates_only(model: nn.Module, order: Sequence[str], candidates: list[str], scan: list[str] | None,
                         limit: int) -> tuple[list[str], list[str] | None]:
-    """The bisection's candidates and effect scan narrowed to ``model``'s ``Float8Linear`` layers (forward
+    """The bisection's candidates and effect scan narrowed to ``model``'s quantized Linear layers (forward
     order): only they can be filtered out of fp8, and a filter per layer is the one to paste."""
-    layers = set(fp8_layer_names(model))
+    layers = set(quantized_layer_names(model))
     ordered = [n for n in dict.fromkeys(order) if n in layers]
     narrowed = list(dict.fromkeys([*(c for c in candidates if c in layers), *ordered]))
     return narrowed, (ordered[:limit] if scan is not None else None)

@@ -25,6 +25,7 @@ from torch import nn
 
 from ampkit._util.dtypes import dtype_name
 from ampkit._util.frames import UserFrames
+from ampkit.diagnose.core.blockcast import quantized_layer_names
 from ampkit.diagnose.core.modules import ModuleRecorder, module_of_param, upcast
 from ampkit.diagnose.step.fp8 import fp8_precision, out_of_fp8, strip_fp8
 from ampkit.diagnose.step.programs import ForwardOut, StepProgram
@@ -142,6 +143,8 @@ class Session:
         self.frames = UserFrames(user_paths)
         self.param_module = module_of_param(self.model)
         self.work = copy_model(self.model)
+        self.quantized = bool(quantized_layer_names(self.model))
+        """Whether the model holds Linear layers in a low-precision GEMM format (``is_quantized_linear``)."""
         self.buffers_before = {n: b.detach().clone() for n, b in self.work.named_buffers()}
 
     def close(self) -> None:
@@ -164,12 +167,13 @@ class Session:
 
     @property
     def exclusion(self) -> str:
-        """What a bisection trial does to its modules: ``keep_fp32``, or ``fp8_filter`` for an fp8 model."""
-        return "fp8_filter" if self.precision.is_fp8 else "keep_fp32"
+        """What a bisection trial does to its modules: ``keep_fp32``, or ``fp8_filter`` for a model whose Linear
+        layers compute in a low-precision GEMM format (fp8, or an emulated block format: ``step.fp8``)."""
+        return "fp8_filter" if self.precision.is_fp8 or self.quantized else "keep_fp32"
 
     def shadow_model(self) -> nn.Module:
         """An fp32 copy that runs entirely outside autocast (autocast is disabled at its root), and
-        without fp8 casts (its ``Float8Linear`` layers become ``nn.Linear``, ``step.fp8``)."""
+        without fp8 or block-format casts (its quantized Linear layers become ``nn.Linear``, ``step.fp8``)."""
         shadow = strip_fp8(copy_model(self.model, fp32=True))
         unwrap_autocast_forward(shadow)
         keep_fp32(shadow, self.device.type)
