@@ -1,71 +1,27 @@
-"""The report's charts as inline SVG strings (matplotlib, Agg backend, no files, no network).
-
-Text stays text (``svg.fonttype: none``), which matplotlib writes XML-escaped; ``$`` in names
-from user code is escaped so it is printed, not parsed as mathtext.  Each figure gets its own
-``svg.hashsalt`` so element ids never collide when several SVGs share one HTML page.
+"""The report's charts as inline SVG strings (``ampkit._util.svgcharts``: matplotlib, Agg backend, no files,
+no network; text XML-escaped, ``$`` in names from user code escaped against mathtext).
 """
 
 from __future__ import annotations
 
-import io
 import math
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
+from ampkit._util.svgcharts import figure, literal, svg_markup
 from ampkit.verify.compare import smooth
 
 __all__ = ["COLORS", "render_charts"]
 
 COLORS = {"fp32": "#333333", "bf16": "#1f77b4", "fp16": "#e8710a"}
 
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise ImportError(
-            "the verify report draws its charts with matplotlib; install it with `pip install 'ampkit[report]'`"
-        ) from exc
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+# line charts: open axes (no top and right spines) over a light grid
+_STYLE = {"axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}
 
 
-@contextmanager
-def _figure(name: str, *, ncols: int = 1, width: float = 6.4, height: float = 3.1) -> Iterator[tuple[Any, Any]]:
-    plt = _pyplot()
-    import matplotlib
-
-    rc: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": f"ampkit-{name}",
-          "font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-          "grid.alpha": 0.3}
-    with matplotlib.rc_context(rc):  # type: ignore[arg-type]
-        fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
-        try:
-            yield fig, axes[0]
-        finally:
-            plt.close(fig)
-
-
-def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "ampkit"})
-    text = buf.getvalue()
-    text = re.sub(r"<\?xml[^>]*\?>\s*", "", text)
-    text = re.sub(r"<!DOCTYPE[^>]*>\s*", "", text)
-    # matplotlib annotates each text element with its source string in a comment; drop them (smaller
-    # page, and no user string outside an element whose content is escaped).
-    text = re.sub(r"<!--.*?-->\s*", "", text, flags=re.DOTALL)
-    return text.strip()
-
-
-def _label(text: str) -> str:
-    """A user-derived string as literal chart text (no mathtext)."""
-    return text.replace("$", r"\$")
+def _figure(name: str, *, ncols: int = 1, width: float = 6.4,
+            height: float = 3.1) -> AbstractContextManager[tuple[Any, Any]]:
+    return figure(name, ncols=ncols, width=width, height=height, style=_STYLE)
 
 
 def _color(precision: str) -> str:
@@ -96,7 +52,7 @@ def loss_chart(report: dict[str, Any], window: int) -> str:
         ax.set_ylabel("training loss")
         ax.set_title("Loss curves (raw, faint; smoothed, solid)")
         _legend(ax)
-        return _svg(fig)
+        return svg_markup(fig)
 
 
 def loss_gap_chart(report: dict[str, Any], window: int) -> str:
@@ -119,7 +75,7 @@ def loss_gap_chart(report: dict[str, Any], window: int) -> str:
         ax.set_ylabel("smoothed loss − fp32\n(% of fp32's loss range)")
         ax.set_title("Gap to the fp32 loss curve")
         _legend(ax)
-        return _svg(fig)
+        return svg_markup(fig)
 
 
 def scale_chart(report: dict[str, Any]) -> str:
@@ -140,7 +96,7 @@ def scale_chart(report: dict[str, Any]) -> str:
         ax.set_ylabel("loss scale")
         ax.set_title("Loss-scale trajectory (1 = no scaling)")
         _legend(ax)
-        return _svg(fig)
+        return svg_markup(fig)
 
 
 def grad_norm_chart(report: dict[str, Any]) -> str:
@@ -155,7 +111,7 @@ def grad_norm_chart(report: dict[str, Any]) -> str:
         ax.set_ylabel("unscaled gradient L2 norm")
         ax.set_title("Gradient norm (before clipping)")
         _legend(ax)
-        return _svg(fig)
+        return svg_markup(fig)
 
 
 def eval_chart(report: dict[str, Any]) -> str:
@@ -169,10 +125,10 @@ def eval_chart(report: dict[str, Any]) -> str:
                 if points:
                     ax.plot(*zip(*points), marker="o", markersize=3.5, color=_color(run["precision"]),
                             linewidth=1.4, label=run["precision"])
-            ax.set_title(_label(f"{name} ({direction} is better)"))
+            ax.set_title(literal(f"{name} ({direction} is better)"))
             ax.set_xlabel("optimizer step")
             _legend(ax)
-        return _svg(fig)
+        return svg_markup(fig)
 
 
 def _bars(ax: Any, labels: list[str], values: list[float], annotations: list[str], ylabel: str, title: str) -> None:
@@ -200,7 +156,7 @@ def performance_chart(report: dict[str, Any]) -> str:
         kind = mem_runs[0]["memory"]["kind"] if mem_runs else "peak_rss"
         ylabel = "peak allocated MiB" if kind.startswith("cuda") else "peak RSS above start, MiB"
         _bars(ax_mem, mem_labels, mem, mem_notes, ylabel, "Training memory")
-        return _svg(fig)
+        return svg_markup(fig)
 
 
 def _times(ratio: float | None, precision: str) -> str:
