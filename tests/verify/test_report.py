@@ -6,57 +6,28 @@ import html
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
+from tests.helpers.browser import dump_dom, has_chromium, page_errors
 from tests.verify.verify_helpers import Job, task_ref, verify
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
 
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-
-
-def _chromium() -> str:
-    for name in CHROMIUM_NAMES:
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
-
-
-def _dump_dom(html_file: Path) -> tuple[str, str]:
-    """Load the page in headless Chromium; return the DOM after rendering and the browser's log."""
-    proc = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
-         "--v=0", "--virtual-time-budget=2000", "--dump-dom", html_file.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout, proc.stderr
-
-
-def _page_errors(log: str) -> list[str]:
-    """Console messages (script errors, CSP refusals such as a blocked network load) from Chromium's log."""
-    return [line for line in log.splitlines() if "CONSOLE" in line or "Refused to" in line]
-
-
 def test_report_html_renders_in_chromium_with_charts_and_no_errors(regression_job: Job, tmp_path: Path) -> None:
     page = regression_job.out / "report.html"
-    dom, log = _dump_dom(page)
+    dom, log = dump_dom(page)
     assert len(re.findall(r"<svg\b", dom)) == 6  # loss, gap, scale, grad norm, eval, performance
     assert 'id="verdict"' in dom and ">PASS<" in dom and "<table>" in dom
-    assert _page_errors(log) == []
+    assert page_errors(log) == []
     # the same check does catch a page that tries the network: the report's CSP refuses and Chromium logs it
     leaky = tmp_path / "leaky.html"
     leaky.write_text(page.read_text().replace("</body>", '<img src="https://example.invalid/x.png"></body>'))
-    _, leaky_log = _dump_dom(leaky)
-    assert _page_errors(leaky_log), "a blocked external load must show in the browser log"
+    _, leaky_log = dump_dom(leaky)
+    assert page_errors(leaky_log), "a blocked external load must show in the browser log"
 
 
 def test_report_html_is_self_contained(regression_job: Job) -> None:
@@ -80,9 +51,9 @@ def test_report_escapes_names_from_user_code(tmp_path: Path) -> None:
     assert "&lt;script&gt;alert('task')&lt;/script&gt;" in md_text
     assert "r2 &amp; $\\alpha$ \\| x" in md_text  # table pipes escaped too
     assert job.report["task"]["name"] == "<script>alert('task')</script>"  # JSON keeps the data as it is
-    if any(shutil.which(n) for n in CHROMIUM_NAMES):
-        dom, log = _dump_dom(tmp_path / "report.html")
-        assert "<script" not in dom and "<img" not in dom and _page_errors(log) == []
+    if has_chromium():
+        dom, log = dump_dom(tmp_path / "report.html")
+        assert "<script" not in dom and "<img" not in dom and page_errors(log) == []
 
 
 def test_report_html_escapes_script_and_quotes_in_a_task_name(regression_job: Job) -> None:
