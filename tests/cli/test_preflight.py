@@ -156,3 +156,15 @@ def test_parse_duration_reads_seconds_minutes_and_hours() -> None:
     assert [parse_duration(t) for t in ("45", "90s", "10m", "1h")] == [45.0, 90.0, 600.0, 3600.0]
     with pytest.raises(UsageError):
         parse_duration("-3")
+
+
+def test_preflight_cli_html_writes_the_page_beside_the_json(
+        task_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page, doc = tmp_path / "p.html", tmp_path / "p.json"
+    assert main(["preflight", "--formats", "fp16,bf16", "--html", str(page), "--json", str(doc),
+                 f"{task_file}:overflowing"]) == 0
+    text = page.read_text()
+    assert 'id="verdicts"' in text and 'id="heatmap-headroom"' in text and 'id="heatmap-sqnr"' in text
+    assert "safe with policy" in text and json.loads(doc.read_text())["formats"][0]["verdict"] == "policy"
+    err = capsys.readouterr().err
+    assert f"ampkit preflight: wrote {page}" in err and f"ampkit preflight: wrote {doc}" in err

@@ -1,6 +1,6 @@
 """``ampkit preflight``: which low-precision format each layer can take, known before training starts.
 
-    ampkit preflight [--formats LIST] [--precision F] [--json FILE] [--time-budget T] SCRIPT [ARGS...]
+    ampkit preflight [--formats LIST] [--precision F] [--json FILE] [--html FILE] [--time-budget T] SCRIPT [ARGS...]
     ampkit preflight [...] -m MODULE [ARGS...]
     ampkit preflight [...] TASK
     ampkit preflight [...] MODEL_DIR (--text FILE | --batches FILE)
@@ -52,6 +52,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--precision", metavar="F", default=None,
                    help="also print the per-layer table of format F (range, headroom, SQNR, operand flush)")
     p.add_argument("--json", metavar="FILE", help="write the result as ampkit.preflight/1 JSON to FILE")
+    p.add_argument("--html", metavar="FILE",
+                   help="write a self-contained HTML page to FILE: the verdicts and layers × formats heatmaps")
     p.add_argument("--time-budget", metavar="T", default=None,
                    help="stop starting formats after T (600, 90s, 10m); batches are dropped before formats")
     p.add_argument("--steps", type=int, default=2, metavar="N", help="SCRIPT: optimizer steps to capture (default 2)")
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
     budget = parse_duration(args.time_budget) if args.time_budget is not None else None
-    check_outputs(args, ("json",))
+    check_outputs(args, ("json", "html"))
     directory = Path(args.target)
     if not args.as_module and directory.is_dir() and (directory / "config.json").is_file():
         model, steps = _from_model_dir(args, directory)
@@ -112,16 +114,19 @@ def _judge(args: argparse.Namespace, model: Any, steps: list[Any], formats: tupl
     from ampkit._util.signals import signals_deferred
     from ampkit.diagnose.preflight.api import preflight_steps
     from ampkit.diagnose.preflight.document import write_preflight_json
+    from ampkit.diagnose.preflight.html import write_preflight_html
     from ampkit.diagnose.preflight.table import render_layers, render_summary
 
     result = preflight_steps(model, steps, formats=formats, time_budget=budget, environment=True)
     render_summary(result, file=sys.stdout)
     if args.precision is not None and any(f.format == args.precision for f in result.formats):
         render_layers(result.report(args.precision), file=sys.stdout)
-    if args.json:
-        with signals_deferred():
-            write_preflight_json(result, args.json)
-        print(f"ampkit preflight: wrote {args.json}", file=sys.stderr)
+    outputs = [(path, write) for path, write in ((args.json, write_preflight_json), (args.html, write_preflight_html))
+               if path]
+    with signals_deferred():
+        for path, write in outputs:
+            write(result, path)
+            print(f"ampkit preflight: wrote {path}", file=sys.stderr)
     return 0 if result.ok else 1
 
 
