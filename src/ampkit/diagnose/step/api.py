@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ampkit.diagnose.capture import running_stats
+from ampkit.diagnose.core.blockcast import quantized_layer_names
 from ampkit.diagnose.core.display import display_location, display_module, sort_findings
 from ampkit.diagnose.core.stats import (
     FORMATS,
@@ -60,7 +61,6 @@ from ampkit.diagnose.step.result import DiagnosisResult, Headroom
 from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.diagnose.step.trace import TraceLog
 from ampkit.findings import Finding, loss_in_low_precision_finding
-from ampkit.fp8 import fp8_layer_names
 from ampkit.precision import Precision
 from ampkit.thresholds import THRESHOLDS, RuleName, is_borderline
 
@@ -170,7 +170,7 @@ class _Diagnosis:
                         order=lp.recorder.order, out_sqnr=out_sqnr, grads=grads, threshold_db=self.threshold_db,
                         underflow_threshold=self.underflow_threshold, precision=s.precision.name,
                         loss_scale=s.program.loss_scale, step=self.step,
-                        fp8_layers=fp8_layer_names(s.work) if s.exclusion == "fp8_filter" else None)
+                        fp8_layers=quantized_layer_names(s.work) if s.exclusion == "fp8_filter" else None)
                     self.findings.extend(prec)
                     # A borderline row asks for no change, so it starts no keep-fp32 search.
                     fixable.extend(f for f in prec if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"

@@ -40,11 +40,11 @@ from ampkit.precision import PrecisionName
 from ampkit.telemetry.fp8stats import (
     CastSpec,
     cast_specs,
+    fp8_round_trip,
     operand_matrix,
     operand_stats,
     rowwise_specs,
     seen_input,
-    spec_scale,
 )
 from ampkit.thresholds import THRESHOLDS, as_borderline
 
@@ -67,15 +67,11 @@ def roundtrip_stats(x: torch.Tensor, specs: tuple[CastSpec, ...]) -> torch.Tenso
     (0, True)
     """
     x32 = x.detach().to(torch.float32)
-    ax = x32.abs()
     saturated = ~torch.isfinite(x32)
     worst = torch.zeros((), dtype=torch.float64, device=x.device)
     for spec in specs:
-        fmax = torch.finfo(spec.dtype).max
-        scale = spec_scale(ax, spec)
-        scaled = x32 * scale
-        saturated |= scaled.abs() > fmax * _ROUNDING
-        back = scaled.clamp(-fmax, fmax).to(spec.dtype).to(torch.float32) / scale
+        back, scale = fp8_round_trip(x32, spec)
+        saturated |= (x32 * scale).abs() > torch.finfo(spec.dtype).max * _ROUNDING
         worst = torch.maximum(worst, torch.linalg.vector_norm(x32 - back).double().square())
     signal = torch.linalg.vector_norm(x32).double().square()
     return torch.stack([saturated.sum().double(), signal, worst])
