@@ -43,6 +43,7 @@ def test_compare_precision_loss_names_the_cancelling_module() -> None:
     result = diagnose_step(CancelNet(), dm.bf16_run(torch.randn(16, 8)), precision="bf16", bisect=False)
     (f,) = [f for f in result.findings if f.code == "PRECISION_LOSS" and f.evidence["kind"] == "activation"]
     assert f.module == "cancel"  # the first module below the threshold, not "head" after it
+    assert "`ampkit preflight --precision bf16 TARGET`" in f.fix
     assert f.evidence["sqnr_db"] < SQNR_THRESHOLD_DB
     assert result.comparison["output_sqnr_db"]["lin"] > 30  # plain bf16 rounding upstream is fine
     assert not [g for g in result.findings if g.severity == "error"]

@@ -61,6 +61,7 @@ def test_diagnose_step_fp8_outlier_names_the_flushed_input_and_verifies_the_filt
     result = diagnose_step(model, run, precision="fp8")
     flush = [f for f in result.findings if f.code == "FP8_FLUSH"]
     assert [(f.module, f.evidence["operand"]) for f in flush] == [("0", "input")]
+    assert flush[0].fix.endswith("`ampkit preflight --precision fp8 TARGET`.")
     assert result.precision == "fp8" and result.fp8_filter == ["0"] and result.keep_fp32 is None
     assert result.comparison["fp8_operands"]["2"]["input"]["flush_fraction"] == 0.0
 

@@ -14,7 +14,9 @@ from ampkit.findings import SEVERITY_ORDER, Finding
 if TYPE_CHECKING:
     from ampkit.precision import PrecisionName
 
-__all__ = ["display_location", "display_module", "finding_where", "fp8_filter_fix", "keep_fp32_fix", "sort_findings"]
+__all__ = ["display_location", "display_module", "finding_where", "fp8_filter_fix", "keep_fp32_fix", "preflight_hint",
+           "preflight_hint_of",
+           "sort_findings"]
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
@@ -45,6 +47,25 @@ def keep_fp32_fix(module: str | None, why: str) -> str:
         return why
     return (f"Keep {module!r} in fp32: MixedPrecision(..., keep_fp32=[{module!r}]) "
             f"(or ampkit.keep_fp32(model.get_submodule({module!r})) in a hand-written loop). {why}")
+
+
+def preflight_hint(precision: str) -> str:
+    """The sentence a fix about a format's fit ends with: where to see the whole model in that format.
+
+    >>> preflight_hint("fp16").startswith(" For every layer")
+    True
+    """
+    scale = " and the recommended init_scale" if precision == "fp16" else ""
+    return f"{_HINT_START}{precision}{scale}, before training: `ampkit preflight --precision {precision} TARGET`."
+
+
+_HINT_START = " For every layer's headroom and SQNR in "
+
+
+def preflight_hint_of(fix: str) -> str:
+    """The ``preflight_hint`` a fix ends with, or "": kept when a verified fix replaces the generic one."""
+    at = fix.find(_HINT_START)
+    return fix[at:] if at >= 0 else ""
 
 
 def fp8_filter_fix(layers: list[str], why: str = "", *, precision: PrecisionName | None = None) -> str:

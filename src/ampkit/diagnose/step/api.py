@@ -36,7 +36,7 @@ from torch import nn
 
 from ampkit.diagnose.capture import running_stats
 from ampkit.diagnose.core.blockcast import quantized_layer_names
-from ampkit.diagnose.core.display import display_location, display_module, sort_findings
+from ampkit.diagnose.core.display import display_location, display_module, preflight_hint_of, sort_findings
 from ampkit.diagnose.core.stats import (
     FORMATS,
     finalize_ranges,
@@ -385,7 +385,7 @@ class _Diagnosis:
         text = (f"Verified fix: MixedPrecision(..., {how}={outcome.keep_fp32!r}) — re-running this step with "
                 f"it gives {', '.join(outcomes[:-1])}{' and ' if len(outcomes) > 1 else ''}{outcomes[-1]}.")
         ids = {id(f) for f in fixable if f.code != "FP8_FLUSH" or f.module in outcome.keep_fp32}
-        self.findings = [dataclasses.replace(f, fix=f"{text}{_alternative(f.fix)}",
+        self.findings = [dataclasses.replace(f, fix=f"{text}{_alternative(f.fix)}{preflight_hint_of(f.fix)}",
                                              evidence={**f.evidence, "verified_fix": verified})
                          if id(f) in ids else f for f in self.findings]
 
@@ -437,6 +437,9 @@ class _Diagnosis:
 
 
 def _alternative(fix: str) -> str:
-    """The part of a finding's fix after its generic keep-fp32 advice (replaced by the verified one)."""
+    """The part of a finding's fix after its generic keep-fp32 advice (replaced by the verified one), without the
+    preflight hint (added back after it)."""
     marker = "in a hand-written loop). "
-    return " " + fix.split(marker, 1)[1] if marker in fix else ""
+    rest = fix.split(marker, 1)[1] if marker in fix else ""
+    rest = rest[: len(rest) - len(preflight_hint_of(rest))]
+    return " " + rest if rest else ""

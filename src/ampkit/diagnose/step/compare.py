@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ampkit.diagnose.core.display import display_module, fp8_filter_fix
+from ampkit.diagnose.core.display import display_module, fp8_filter_fix, preflight_hint
 from ampkit.diagnose.core.modules import reduction_dtype
 from ampkit.diagnose.step.fp8 import layers_to_filter
 from ampkit.findings import Finding
@@ -196,7 +196,7 @@ def precision_findings(
         finding = Finding(
             code="PRECISION_LOSS", severity="warning", message=message(display_module(name), value),
             fix=(f"Keep {name!r} in fp32 (MixedPrecision(..., keep_fp32=[{name!r}])){advice}" if fp8_layers is None
-                 else fp8_precision_fix(name, fp8_layers, order, gradient=kind == "gradient")),
+                 else fp8_precision_fix(name, fp8_layers, order, gradient=kind == "gradient")) + preflight_hint(precision),
             module=name, step=step,
             evidence={"kind": kind, "sqnr_db": value, "threshold_db": threshold_db, **evidence,
                       "below_threshold": dict(below[:12]), "judgement": rule.evidence(value)},

@@ -23,7 +23,7 @@ import dataclasses
 import math
 from typing import Any
 
-from ampkit.diagnose.core.display import display_module, fp8_filter_fix, keep_fp32_fix
+from ampkit.diagnose.core.display import display_module, fp8_filter_fix, keep_fp32_fix, preflight_hint_of
 from ampkit.diagnose.step.bisect import BisectOutcome, kept_phrase, verify_keep_fp32
 from ampkit.diagnose.step.session import RunResult, Session
 from ampkit.findings import Finding
@@ -169,7 +169,7 @@ def _marked(f: Finding, fix: str, verified: bool, sqnr: float | None = None, **e
     evidence = {**f.evidence, "fix_verified": verified, **extra}
     if sqnr is not None:
         evidence["fix_sqnr_db"] = sqnr
-    return dataclasses.replace(f, fix=fix, evidence=evidence)
+    return dataclasses.replace(f, fix=fix + preflight_hint_of(f.fix), evidence=evidence)
 
 
 def _gradient_fix(f: Finding, session: Session, reference_run: RunResult, threshold_db: float) -> Finding:

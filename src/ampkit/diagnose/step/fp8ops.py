@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit.diagnose.core.display import display_module, fp8_filter_fix
+from ampkit.diagnose.core.display import display_module, fp8_filter_fix, preflight_hint
 from ampkit.diagnose.step.compare import sqnr_db
 from ampkit.diagnose.step.session import Session
 from ampkit.findings import Finding
@@ -168,7 +168,7 @@ def flush_findings(table: dict[str, dict[str, dict[str, Any]]], *, precision: Pr
                                                          if rowwise is not None else "")),
             fix=fp8_filter_fix([layer], ("Or use 'fp8-rowwise', whose per-row scales keep these values; or"
                                          if helps else "Or") + " tame the outliers (a norm before the layer, a "
-                               "smaller loss weight range).", precision=precision),
+                               "smaller loss weight range).", precision=precision) + preflight_hint(precision),
             evidence={"operand": operand, **e, "operands": table[layer], "judgement": rule.evidence(frac)},
         )
         findings.append(as_borderline(finding, rule, frac) if borderline else finding)

@@ -28,6 +28,8 @@ def test_doctor_observers_no_loss_scaling_fix_points_at_the_scaler_the_script_ha
     [without] = [f for f in observe(lambda: loop(False)).state.ledger.findings() if f.code == "NO_LOSS_SCALING"]
     assert "that GradScaler is off" in with_scaler.fix and "enabled=True" in with_scaler.fix
     assert without.fix.startswith("scale the loss: `scaler = torch.amp.GradScaler(device)`")
+    for f in (with_scaler, without):  # the whole-model view, with the recommended initial scale
+        assert f.fix.endswith("`ampkit preflight --precision fp16 TARGET`.") and "init_scale" in f.fix
 
 
 def test_backward_watch_alone_judges_the_loss_and_fails_a_nonfinite_one() -> None:

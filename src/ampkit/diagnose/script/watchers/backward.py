@@ -7,6 +7,7 @@ import torch
 from typing_extensions import override
 
 from ampkit._util.threads import PerThread, thread_values
+from ampkit.diagnose.core.display import preflight_hint
 from ampkit.diagnose.script import failures
 from ampkit.diagnose.script.watchers.base import Watcher
 from ampkit.findings import Finding, loss_in_low_precision_finding
@@ -40,7 +41,7 @@ class BackwardWatch(Watcher):
                     "backward ran on a loss whose forward computed in fp16 without loss scaling: gradients "
                     "smaller than 2^-24 (6e-8) flush to zero in fp16, so small updates vanish silently"
                 ),
-                fix=(
+                fix=((
                     "scale the loss: `scaler = torch.amp.GradScaler(device)`, `scaler.scale(loss).backward()`, "
                     "`scaler.step(optimizer)`, `scaler.update()` (or use ampkit.MixedPrecision('fp16')), "
                     "or train in bf16, which needs no scaling"
@@ -49,7 +50,7 @@ class BackwardWatch(Watcher):
                     "this device, or by its enabled= argument): build it for the device the forward runs on "
                     "with its switch on, `torch.amp.GradScaler(device_type, enabled=True)`, or train in bf16, "
                     "which needs no scaling"
-                ),
+                )) + preflight_hint("fp16"),
                 location=self.state.frames.caller(), step=self.state.step,
             ), key="backward")
         if loss.numel() == 1 and loss.dtype in LOW_PRECISION_DTYPES:
