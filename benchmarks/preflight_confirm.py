@@ -192,9 +192,10 @@ def agreement_rows(expected: dict[str, Any], trained: dict[str, Any]) -> list[tu
             verdict = entry["preflight"]["verdict"]
             want = expected["cases"].get(name, {}).get("formats", {}).get(fmt, {}).get("verdict", "?")
             if "plain" in entry:
-                policy = entry["policy"]
+                policy, wanted = entry["policy"], entry["expected_policy"]
                 agree = "yes" if agrees(verdict, plain_passed=entry["plain"]["passed"],
-                                        policy_passed=None if policy is None else policy["passed"]) else "NO"
+                                        policy_passed=None if policy is None else policy["passed"],
+                                        expected_policy_passed=None if wanted is None else wanted["passed"]) else "NO"
             else:
                 agree = "-"
             rows.append((name, fmt, want, verdict, outcome(entry), agree))

@@ -40,7 +40,7 @@ from typing import Any, Literal, TypeVar
 from ampkit.findings import Code, Finding
 from ampkit.precision import FormatName
 
-__all__ = ["FORMAT_FLUSH", "FORMAT_SQNR", "THRESHOLDS", "Outcome", "RuleName", "Threshold", "as_borderline", "is_borderline"]
+__all__ = ["FORMAT_FLUSH", "FORMAT_OUTPUT_SQNR", "FORMAT_SQNR", "MODEL_OUTPUT_SQNR", "THRESHOLDS", "Outcome", "RuleName", "Threshold", "as_borderline", "is_borderline"]
 
 Outcome = Literal["reported", "borderline", "clear"]
 RuleName = Literal["PRECISION_LOSS", "GRADIENT_UNDERFLOW", "SCALE_COLLAPSE", "SLOW_LOW_PRECISION",
@@ -171,6 +171,20 @@ above).  8 dB is an error 2.5 times the RMS of the worst well-scaled module's: r
 whose errors add up over more layers, yet far above the 20-60 dB that a layer breaking costs.  The
 band is PRECISION_LOSS's (±1.5 dB), for the same reason.  NVFP4's rule is nearly silent: its healthy
 SQNR is already low, and its breaks show as flushed operands and non-finite values instead."""
+
+MODEL_OUTPUT_SQNR = _sqnr(19.0)
+"""preflight's SQNR rule for the model's own output, which the loss reads.  On the preflight corpus (ten
+models trained 30 steps per format against fp32, a regression loss judged by verify's 3 % loss tolerance)
+every run whose output sat at 17.3 dB or below failed, and every run at 18.4 dB or above passed unless its
+gradients were broken (which the gradient rule judges); 19 dB with the ±1.5 dB band puts the line between.  A format threshold above it (fp16's 53 dB) would call a
+drop no loss notices a break (a top-1 router flipping a few tokens in fp16)."""
+
+FORMAT_OUTPUT_SQNR: dict[FormatName, Threshold] = {
+    **{name: MODEL_OUTPUT_SQNR for name in ("fp16", "bf16", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8")},
+    "nvfp4": FORMAT_SQNR["nvfp4"],
+}
+"""The model-output rule per format: ``MODEL_OUTPUT_SQNR``, except for NVFP4, whose healthy outputs (13-17 dB on
+the corpus and the threshold benchmark) already sit below it; NVFP4 keeps its own threshold."""
 
 FORMAT_FLUSH: dict[FormatName, Threshold] = {
     **{name: THRESHOLDS["FP8_FLUSH"] for name in ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8")},

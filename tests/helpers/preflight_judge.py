@@ -11,7 +11,8 @@ verdict agrees with training when:
 
 * ``safe``: the run without a policy passed;
 * ``policy``: the run without it failed and the run with it passed;
-* ``unsafe``: the run without a policy failed and, where a policy was tried, that run failed too.
+* ``unsafe``: the run without a policy failed and, where a policy was tried (preflight's, or the one the case's
+  report expects), that run failed too: a policy that fixed training makes ``unsafe`` wrong.
 
 >>> agrees("safe", plain_passed=True, policy_passed=None)
 True
@@ -19,6 +20,8 @@ True
 (True, False)
 >>> agrees("unsafe", plain_passed=False, policy_passed=None)
 True
+>>> agrees("unsafe", plain_passed=False, policy_passed=None, expected_policy_passed=True)
+False
 >>> policy_matches({"keep_fp32": ["b.ff"]}, {"keep_fp32": ["b.ff.wo"], "also_accepted": [{"keep_fp32": ["b.ff"]}]})
 True
 >>> policy_matches({"init_scale": 2.0**40}, {"init_scale_at_least": 2.0**40})
@@ -68,13 +71,14 @@ def run_passed(run: dict[str, Any], tolerance: float) -> bool:
             and run["loss_distance"] is not None and run["loss_distance"] <= tolerance)
 
 
-def agrees(verdict: str, *, plain_passed: bool, policy_passed: bool | None) -> bool:
+def agrees(verdict: str, *, plain_passed: bool, policy_passed: bool | None,
+           expected_policy_passed: bool | None = None) -> bool:
     """Whether a preflight ``verdict`` agrees with training (see the module docstring)."""
     if verdict == "safe":
         return plain_passed
     if verdict == "policy":
         return not plain_passed and bool(policy_passed)
-    return not plain_passed and not policy_passed
+    return not plain_passed and not policy_passed and not expected_policy_passed
 
 
 def policy_matches(policy: dict[str, Any], expected: dict[str, Any]) -> bool:

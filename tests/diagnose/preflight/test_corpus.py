@@ -115,12 +115,12 @@ def _agreement(report: FormatReport, entry: dict[str, Any]) -> bool:
     run = _policy_run(report, entry)
     if report.verdict == "policy" and run is None:
         return False  # trained.json never tried this policy: rerun the benchmark
+    wanted = entry.get("expected_policy")
     return agrees(report.verdict, plain_passed=entry["plain"]["passed"],
-                  policy_passed=None if run is None else run["passed"])
+                  policy_passed=None if run is None else run["passed"],
+                  expected_policy_passed=None if wanted is None else wanted["passed"])
 
 
-@pytest.mark.xfail(strict=True, reason="when the corpus was recorded preflight agreed with training on 39 of 50 "
-                   "trained pairs (78 %); expected.json's preflight_disagrees says why for each pair")
 def test_preflight_agrees_with_training_on_at_least_90_percent_of_pairs(request: pytest.FixtureRequest) -> None:
     pairs = _training_pairs(request)
     disagreeing = [f"{case} {fmt}: preflight {report.verdict}, training plain "
@@ -131,17 +131,12 @@ def test_preflight_agrees_with_training_on_at_least_90_percent_of_pairs(request:
         f"preflight agrees with training on {share:.0%} of {len(pairs)} pairs; disagreeing: {disagreeing}")
 
 
-@pytest.mark.xfail(strict=True, reason="when the corpus was recorded preflight called safe six pairs that training "
-                   "broke: output_head_fp8 and residual_growth under the three fp8 recipes (expected.json says why)")
 def test_preflight_never_calls_safe_what_training_broke(request: pytest.FixtureRequest) -> None:
     broken = [f"{case} {fmt}" for case, fmt, report, entry in _training_pairs(request)
               if report.verdict == "safe" and not entry["plain"]["passed"]]
     assert not broken, f"preflight calls these safe, and training without a policy failed: {broken}"
 
 
-@pytest.mark.xfail(strict=True, reason="when the corpus was recorded four proposed policies had no failure to remove "
-                   "(training passed without them: attention_logits_fp16 under bf16 and fp8, "
-                   "grad_underflow_fp16 under the rowwise recipes; expected.json says why)")
 def test_every_proposed_policy_removed_its_failure_in_training(request: pytest.FixtureRequest) -> None:
     failed = []
     for case, fmt, report, entry in _training_pairs(request):

@@ -49,23 +49,27 @@ statistics (measured 5-9 on the corpus), before any policy round."""
 
 def preflight_model(model: nn.Module, batches: Iterable[Any], *, loss_fn: LossFn | None = None,
                     formats: str | Sequence[str] | None = None, time_budget: float | None = None,
-                    progress: Heartbeat | None = None, environment: bool = False) -> PreflightResult:
+                    progress: Heartbeat | None = None, environment: bool = False,
+                    emulate: bool | None = None) -> PreflightResult:
     """Judge ``formats`` (default: the formats the engine trains; ``"all"`` adds MXFP8 and NVFP4) on ``model``.
 
     ``batches``: sample batches as the model takes them; ``loss_fn(model, batch)``: the training loss (None:
-    the model returns its own, see ``fp32pass.default_loss``).  See the module docstring.
+    the model returns its own, see ``fp32pass.default_loss``).  ``emulate``: compute each format's GEMMs in
+    fp32 on its rounded operands (``diagnose.core.gemm_emulation``); None: for the formats this CPU computes
+    slowly (fp16 without fp16 units, bf16 and the fp8 recipes without bf16 units); each report's ``gemm``
+    says which.  See the module docstring.
     """
     loss = loss_fn or default_loss
     steps = [BatchStep(b, loss) for b in batches]
     if not steps:
         raise ValueError("preflight_model(batches=...): no batch given; pass at least one sample batch")
     return preflight_steps(model, steps, formats=formats, time_budget=time_budget, progress=progress,
-                           environment=environment)
+                           environment=environment, emulate=emulate)
 
 
 def preflight_steps(model: nn.Module, steps: Sequence[PreflightStep], *, formats: str | Sequence[str] | None = None,
                     time_budget: float | None = None, progress: Heartbeat | None = None,
-                    environment: bool = False) -> PreflightResult:
+                    environment: bool = False, emulate: bool | None = None) -> PreflightResult:
     """``preflight_model`` on steps of any kind (sample batches, or steps captured from a training script)."""
     names = parse_formats(formats)
     samples = list(steps)
@@ -95,7 +99,8 @@ def preflight_steps(model: nn.Module, steps: Sequence[PreflightStep], *, formats
             continue
         with beat.phase(f"replaying in {fmt}"), quiet_fp8_warnings(), \
                 torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
-            report = assess_format(model, samples, fmt, fp32, device=device, default_scale=default_scale)
+            report = assess_format(model, samples, fmt, fp32, device=device, default_scale=default_scale,
+                                   emulate=emulate)
         result.formats.append(report)
         phases[fmt] = report.seconds
     if environment:

@@ -16,9 +16,10 @@ Cost: one replay (a traced step beside its fp32 shadow, per batch), plus one per
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -36,6 +37,8 @@ __all__ = ["ROUNDS", "assess_format", "policy_limit"]
 
 ROUNDS = 4
 """Policy rounds before a format is called unsafe: each adds the layers still breaking."""
+NARROW_TRIALS = 3
+"""Children of a broken container tried alone before the container itself is kept out (one replay each)."""
 
 
 def policy_limit(model: nn.Module) -> int:
@@ -44,24 +47,25 @@ def policy_limit(model: nn.Module) -> int:
 
 
 def assess_format(model: nn.Module, steps: Sequence[PreflightStep], fmt: FormatName, fp32: Fp32Pass, *,
-                  device: torch.device, default_scale: float) -> FormatReport:
-    """The verdict of ``fmt`` on ``model`` (see the module docstring)."""
+                  device: torch.device, default_scale: float, emulate: bool | None = None) -> FormatReport:
+    """The verdict of ``fmt`` on ``model`` (see the module docstring); ``emulate``: ``judge.replay_format``'s."""
     start = time.perf_counter()
     spec = FORMAT_SPECS[fmt]
     scale = default_scale if fmt == "fp16" else None
-    first = replay_format(model, steps, fmt, Policy(), device=device, loss_scale=scale, bisect=True)
+    first = replay_format(model, steps, fmt, Policy(), device=device, loss_scale=scale, bisect=True, emulate=emulate)
     operands = _operand_stats(fp32, first, fmt)
     flushes = _flushes(operands) if spec.emulated else None
-    found = breaks_of(first, flushes)
-    report = FormatReport(format=fmt, verdict="safe", emulated=spec.emulated, first_break=found[0] if found else None,
+    found = breaks_of(first, fp32.grad_energy, flushes)
+    report = FormatReport(format=fmt, verdict="safe", emulated=spec.emulated, gemm=first.gemm,
+                          first_break=found[0] if found else None,
                           grad_sqnr_db=None if math.isnan(first.grad_global_sqnr) else first.grad_global_sqnr)
     if fmt == "fp16":
         report.recommended_init_scale = recommended_scale(fp32.grad_absmax, default_scale)
         report.grad_underflow_at_init_scale = fp32.grad_underflow_share
     if found:
         report.findings = [f.to_dict() for r in first.results for f in r.findings]
-        _search(model, steps, fmt, first, found, operands, report, device=device,
-                        default_scale=default_scale)
+        _search(model, steps, fmt, first, found, operands, report, device=device, default_scale=default_scale,
+                fp32=fp32)
     report.layers = layer_reports(fp32, first, operands, fmt, broken={b.module for b in found if b.module is not None},
                                   ineligible=_ineligible(model, fmt) if spec.emulated else {})
     report.seconds = time.perf_counter() - start
@@ -70,36 +74,41 @@ def assess_format(model: nn.Module, steps: Sequence[PreflightStep], fmt: FormatN
 
 def _search(model: nn.Module, steps: Sequence[PreflightStep], fmt: FormatName, first: Replay,
             found: list[Break], operands: dict[str, dict[str, dict[str, float]]], report: FormatReport, *,
-            device: torch.device, default_scale: float) -> None:
+            device: torch.device, default_scale: float, fp32: Fp32Pass) -> None:
     """Fill ``report``'s verdict, policy and the SQNR before and after it."""
     spec = FORMAT_SPECS[fmt]
     limit = policy_limit(model)
-    init_scale = None
-    if fmt == "fp16" and any(b.kind == "loss_scale" for b in found):
-        init_scale = report.recommended_init_scale
-    layers: list[str] = []
+    init_scale = _init_scale(found, report, default_scale) if fmt == "fp16" else None
+    policy = Policy(init_scale=init_scale)
     for result in first.results:
-        _extend(layers, (result.keep_fp32 if spec.policy == "keep_fp32" else result.fp8_filter) or [])
+        policy = _with(policy, (result.keep_fp32 if spec.policy == "keep_fp32" else result.fp8_filter) or [],
+                       first, spec.policy)
     # A replay that went non-finite has no meaningful SQNR: -inf says "broken" in the same unit.
     broke = any(b.kind in ("error", "loss_scale") for b in found)
     report.policy_sqnr_db = {"before": float("-inf") if broke else first.lowest_sqnr, "after": None}
-    replay = first
-    for _ in range(ROUNDS):
-        new = _layers_for(found, replay, spec.policy)
-        if new is None:
-            break  # a break outside every module: no layer to keep out of the format
-        if replay is not first and not set(new) - set(layers):
+
+    def trial(candidate: Policy) -> tuple[Replay, list[Break]]:
+        replay = replay_format(model, steps, fmt, candidate, device=device,
+                               loss_scale=(candidate.init_scale or default_scale) if fmt == "fp16" else None,
+                               bisect=False, emulate=first.gemm == "emulated")
+        kept = set(candidate.layers())
+        flushes = _flushes({k: v for k, v in operands.items() if k not in kept}) if spec.emulated else None
+        return replay, breaks_of(replay, fp32.grad_energy, flushes)
+
+    tried = policy
+    for round_ in range(ROUNDS):
+        if round_ > 0 or not policy.layers():  # the doctor's verified proposal, when it made one, is tried alone first
+            modules = _modules_for(found)
+            if modules is None:
+                break  # a break outside every module, or in the whole model: no layer to keep out of the format
+            for module in modules:
+                policy = _with(policy, [_narrowed(module, policy, first, spec.policy, trial)], first, spec.policy)
+        if round_ > 0 and policy == tried:
             break  # nothing new to keep out, and the last policy did not hold
-        _extend(layers, new)
-        if len(layers) > limit:
+        if len(policy.keep_fp32) + len(policy.fp8_filter) > limit:
             break
-        policy = Policy(keep_fp32=list(layers) if spec.policy == "keep_fp32" else [],
-                        fp8_filter=list(layers) if spec.policy == "fp8_filter" else [], init_scale=init_scale)
-        replay = replay_format(model, steps, fmt, policy, device=device,
-                               loss_scale=(init_scale or default_scale) if fmt == "fp16" else None, bisect=False)
-        kept = set(layers)
-        found = breaks_of(replay, _flushes({k: v for k, v in operands.items() if k not in kept})
-                          if spec.emulated else None)
+        tried = policy
+        replay, found = trial(policy)
         if not found:
             report.verdict, report.policy = "policy", policy
             report.policy_sqnr_db["after"] = replay.lowest_sqnr
@@ -107,29 +116,68 @@ def _search(model: nn.Module, steps: Sequence[PreflightStep], fmt: FormatName, f
     report.verdict = "unsafe"
 
 
-def _layers_for(found: list[Break], replay: Replay, kind: str) -> list[str] | None:
-    """The layers to add for ``found``: for fp8_filter, the quantized Linear layers at or under the broken
-    module (or its nearest ancestor that holds some); for keep_fp32, the module.  None when a break has no
-    module (the loss, code outside the model) or names the whole model."""
-    out: list[str] = []
-    for b in found:
-        if b.kind == "loss_scale":
-            continue  # the recommended initial scale answers it
-        if not b.module:
-            return None
-        if kind == "keep_fp32":
-            out.append(b.module)
-            continue
-        prefix = b.module
-        while True:
-            under = [q for q in replay.quantized if q == prefix or q.startswith(prefix + ".") or not prefix]
-            if under or not prefix:
-                break
-            prefix = prefix.rpartition(".")[0]
-        if not prefix:
-            return None
-        out.extend(under)
-    return out
+def _init_scale(found: list[Break], report: FormatReport, default_scale: float) -> float | None:
+    """fp16's initial scale: the recommended one where the default overflows the backward (it is lower) or
+    flushes the gradients to zero (it is higher)."""
+    recommended = report.recommended_init_scale
+    if recommended is None:
+        return None
+    if any(b.kind == "loss_scale" for b in found) and recommended < default_scale:
+        return recommended
+    if any(b.reason.startswith("GRADIENT_UNDERFLOW") for b in found) and recommended > default_scale:
+        return recommended
+    return None
+
+
+def _modules_for(found: list[Break]) -> list[str] | None:
+    """The modules to keep out next for ``found``: every error's, else the first break's (a later break is often
+    the first one's consequence, and the next round sees whether it stays).  Breaks the initial scale answers
+    are left out: the loss scale's, fp16's flushed gradients and the damaged gradient they leave.  A module
+    that holds another one named is dropped.  None when a break has no module, or names the whole model and
+    nothing else."""
+    scaled = any(b.kind == "loss_scale" or b.reason.startswith("GRADIENT_UNDERFLOW") for b in found)
+    left = [b for b in found if b.kind != "loss_scale" and not b.reason.startswith("GRADIENT_UNDERFLOW")
+            and not (scaled and b.kind == "gradient")]
+    errors = [b for b in left if b.kind == "error"]
+    named = [b.module for b in (errors or left[:1])]
+    if any(m is None for m in named):
+        return None
+    modules = [m for m in dict.fromkeys(named) if m is not None]
+    inner = [m for m in modules if m and not any(o != m and o.startswith(m + ".") for o in modules)]
+    if modules and not inner:
+        return None
+    return inner
+
+
+def _narrowed(module: str, policy: Policy, replay: Replay, kind: str,
+              trial: Callable[[Policy], tuple[Replay, list[Break]]]) -> str:
+    """``module``, or the first of its direct children (forward order, at most ``NARROW_TRIALS``) that alone
+    fixes the step: a block's router rather than the whole block.  Only for keep_fp32; a quantized layer is
+    already the smallest unit of fp8_filter."""
+    if kind != "keep_fp32":
+        return module
+    children = [m for m in replay.forward_sqnr if m.rpartition(".")[0] == module]
+    for child in children[:NARROW_TRIALS]:
+        if not trial(_with(policy, [child], replay, kind))[1]:
+            return child
+    return module
+
+
+def _with(policy: Policy, modules: Sequence[str], replay: Replay, kind: str) -> Policy:
+    """``policy`` with ``modules`` kept out of the format: for fp16/bf16 in fp32; for the fp8 family and block
+    formats, the quantized layers at or under each module out of the format (``fp8_filter``), and a module
+    holding none (a router under bf16 autocast) in fp32.  A module inside one kept already adds nothing, and
+    one that holds kept modules replaces them."""
+    keep, filt = list(policy.keep_fp32), list(policy.fp8_filter)
+    for module in modules:
+        under = [q for q in replay.quantized if q == module or q.startswith(module + ".")]
+        if kind == "keep_fp32" or not under:
+            if any(module == k or module.startswith(k + ".") for k in keep):
+                continue  # already inside a module kept in fp32
+            keep = [k for k in keep if not k.startswith(module + ".")] + [module]
+        else:
+            _extend(filt, under)
+    return dataclasses.replace(policy, keep_fp32=keep, fp8_filter=filt)
 
 
 def _extend(into: list[str], names: Sequence[str]) -> None:
@@ -142,7 +190,7 @@ def _operand_stats(fp32: Fp32Pass, replay: Replay, fmt: FormatName) -> dict[str,
         return {}
     from ampkit.diagnose.core.blockcast import operand_stats  # torchao's casts: the scaled formats only
 
-    return {layer: {name: operand_stats(t, fmt, dim=-1) for name, t in fp32.operands[layer].items()}
+    return {layer: {name: operand_stats(t, fmt, dim=-1, operand=name) for name, t in fp32.operands[layer].items()}
             for layer in replay.quantized if layer in fp32.operands}
 
 

@@ -34,6 +34,7 @@ def _format(report: FormatReport) -> dict[str, Any]:
         "format": report.format,
         "verdict": report.verdict,
         "emulated": report.emulated,
+        "gemm": report.gemm,
         "first_break": None if brk is None else {"kind": brk.kind, "module": brk.module, "op": brk.op,
                                                  "location": brk.location, "reason": brk.reason},
         "policy": {"keep_fp32": report.policy.keep_fp32, "fp8_filter": report.policy.fp8_filter,

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from ampkit.diagnose.core.blockformats import Operand
 from ampkit.diagnose.core.stats import TensorStats, finalize_many, pending_stats
 from ampkit.diagnose.step.programs import StepProgram
 from ampkit.diagnose.step.session import copy_model
@@ -61,7 +62,10 @@ class Fp32Pass:
     """Non-zero gradient values that ``flush_scale`` turns into fp16 zeros (below its smallest subnormal)."""
     flush_scale: float = 1.0
     losses: list[float] = field(default_factory=list)
-    operands: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    grad_energy: dict[str, float] = field(default_factory=dict)
+    """Module -> the squared norm of its own parameters' fp32 gradients, summed over the steps: how much of
+    the update each module carries (the gradient rule of ``judge.breaks_of`` weighs modules by it)."""
+    operands: dict[str, dict[Operand, torch.Tensor]] = field(default_factory=dict)
     """``nn.Linear`` layer -> its fp32 ``input``, ``weight`` and ``grad_output`` from the first batch: what the
     quantized formats' operand statistics are computed from (one batch bounds the memory: one copy of
     every Linear's input and output gradient)."""
@@ -72,17 +76,18 @@ class Fp32Pass:
 
 
 def recommended_scale(grad_absmax: float, default: float) -> float:
-    """The largest power of two, at most ``default``, that keeps ``grad_absmax × scale`` a bit below fp16's
-    largest value (one bit spare: a later step's gradients may be twice as large).
+    """The largest power of two that keeps ``grad_absmax × scale`` a bit below fp16's largest value (one bit
+    spare: a later step's gradients may be twice as large), at most 2^64; ``default`` without a gradient.
+    Above the default it lifts gradients that the default flushes to zero (the scaler only backs off from it).
 
     >>> recommended_scale(11.8, 65536.0)
     2048.0
     >>> recommended_scale(1e-3, 65536.0)
-    65536.0
+    16777216.0
     """
     if not math.isfinite(grad_absmax) or grad_absmax <= 0:
         return default
-    return float(min(default, 2.0 ** math.floor(math.log2(_FP16_MAX / 2 / grad_absmax))))
+    return float(min(2.0**64, 2.0 ** math.floor(math.log2(_FP16_MAX / 2 / grad_absmax))))
 
 
 def fp32_pass(model: nn.Module, programs: Iterable[StepProgram], *, flush_scale: float,
@@ -122,9 +127,21 @@ def _one_step(work: nn.Module, names: dict[nn.Module, str], program: StepProgram
         for h in handles:
             h.remove()
     grads.extend(p.grad.detach() for p in work.parameters() if p.grad is not None)
+    _add_energy(result.grad_energy, names)
     for p in work.parameters():
         p.grad = None
     _merge(result, pending, grads, math.nan if loss is None else float(loss.detach()))  # one read-back per step
+
+
+def _add_energy(into: dict[str, float], names: dict[nn.Module, str]) -> None:
+    owned = {names[m]: [p.grad.detach().float().pow(2).sum() for p in m.parameters(recurse=False) if p.grad is not None]
+             for m in names}
+    owned = {n: sums for n, sums in owned.items() if sums}
+    if not owned:
+        return
+    values = torch.stack([torch.stack(sums).sum() for sums in owned.values()]).cpu().tolist()  # one read-back
+    for name, value in zip(owned, values):
+        into[name] = into.get(name, 0.0) + float(value)
 
 
 def run_fp32(program: StepProgram, model: nn.Module) -> torch.Tensor | None:
@@ -136,7 +153,7 @@ def run_fp32(program: StepProgram, model: nn.Module) -> torch.Tensor | None:
     return out.loss
 
 
-def _keep_operands(into: dict[str, torch.Tensor], layer: nn.Linear, x: torch.Tensor, y: torch.Tensor) -> None:
+def _keep_operands(into: dict[Operand, torch.Tensor], layer: nn.Linear, x: torch.Tensor, y: torch.Tensor) -> None:
     into["input"] = x.detach().reshape(-1, x.shape[-1])
     into["weight"] = layer.weight.detach()
     if y.requires_grad:

@@ -7,17 +7,23 @@ from typing import Any, Literal
 
 from ampkit.precision import FormatName
 
-__all__ = ["Break", "BreakKind", "FormatReport", "LayerReport", "Policy", "PreflightResult", "Verdict"]
+__all__ = ["Break", "BreakKind", "FormatReport", "GemmPath", "LayerReport", "Policy", "PreflightResult", "Verdict"]
 
 Verdict = Literal["safe", "policy", "unsafe"]
 """``safe``: the format runs the model as it is; ``policy``: it does with the verified policy; ``unsafe``: no policy
 within the size limit fixes it."""
 
 
-BreakKind = Literal["error", "loss_scale", "flush", "sqnr"]
+GemmPath = Literal["native", "emulated"]
+"""How a replay computed the format's GEMMs: ``native``, with the device's own kernels, or ``emulated`` in fp32 on
+the low-precision operands, rounded to the format (``diagnose.core.gemm_emulation``), where the CPU computes them
+slowly."""
+
+BreakKind = Literal["error", "loss_scale", "flush", "sqnr", "gradient"]
 """``error``: the doctor found an error (a non-finite value, an op that raised, gradients flushed); ``loss_scale``:
 fp16's default initial scale overflowed the backward (ordinary scaling, but the first steps would be skipped);
-``flush``: an operand flushed to zero beyond FP8_FLUSH's threshold; ``sqnr``: below the format's SQNR threshold."""
+``flush``: an operand flushed to zero beyond FP8_FLUSH's threshold; ``sqnr``: the model's output below the
+format's SQNR threshold; ``gradient``: most of the gradient below it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +53,7 @@ class Policy:
         return not self.keep_fp32 and not self.fp8_filter and self.init_scale is None
 
     def layers(self) -> list[str]:
-        return self.keep_fp32 or self.fp8_filter
+        return [*self.keep_fp32, *self.fp8_filter]
 
 
 @dataclass(kw_only=True)
@@ -82,6 +88,8 @@ class FormatReport:
     format: FormatName
     verdict: Verdict
     emulated: bool
+    gemm: GemmPath = "native"
+    """How the replays computed the format's GEMMs (``preflight_model(emulate=...)``)."""
     first_break: Break | None = None
     policy: Policy = field(default_factory=Policy)
     policy_sqnr_db: dict[str, float | None] = field(default_factory=dict)

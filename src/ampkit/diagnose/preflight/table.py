@@ -14,9 +14,12 @@ _VERDICT_WORDS = {"safe": "safe", "policy": "safe with policy", "unsafe": "UNSAF
 
 
 def render_summary(result: PreflightResult, *, file: TextIO) -> None:
-    """The verdict table, then per format that is not plainly safe, its first break and its policy."""
+    """The verdict table (under a format whose GEMMs were emulated, a line that says so), then per format that
+    is not plainly safe, its first break and its policy."""
     names = [f.format + (" (emulated)" if f.emulated else "") for f in result.formats]
-    rows = [("verdict", [_VERDICT_WORDS[f.verdict] for f in result.formats]),
+    emulated_gemms = [("", ["gemm emulated in fp32" if f.gemm == "emulated" else "" for f in result.formats])]
+    rows = [*(emulated_gemms if any(f.gemm == "emulated" for f in result.formats) else []),
+            ("verdict", [_VERDICT_WORDS[f.verdict] for f in result.formats]),
             ("policy", [_policy_cell(f) for f in result.formats]),
             ("lowest fwd SQNR dB", [_sqnr_cell(f) for f in result.formats]),
             ("seconds", [f"{f.seconds:.1f}" for f in result.formats])]
@@ -77,8 +80,19 @@ def _policy_code(f: FormatReport) -> str:
 
 
 def _sqnr_cell(f: FormatReport) -> str:
+    """The lowest module forward SQNR; for a format with a policy, before it and after it (the verifying replay)."""
+    if f.policy_sqnr_db.get("after") is not None:
+        return f"{_db(f.policy_sqnr_db.get('before'))} -> {_db(f.policy_sqnr_db['after'])}"
     values = [v for layer in f.layers for v in (layer.forward_sqnr_db,) if v is not None and not math.isnan(v)]
+    if f.policy_sqnr_db.get("before") == -math.inf:
+        return "non-finite"
     return f"{min(values):.1f}" if values else "-"
+
+
+def _db(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "non-finite" if math.isinf(value) else f"{value:.1f}"
 
 
 def _num(value: float | None, spec: str = ".3g") -> str:
