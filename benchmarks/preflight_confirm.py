@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))  # the corpus's judging rules, shared with its tes
 from ampkit import MixedPrecision  # noqa: E402
 from ampkit._util.io import atomic_write_text  # noqa: E402
 from ampkit.diagnose.preflight.api import preflight_model  # noqa: E402
-from ampkit.diagnose.preflight.result import FormatReport  # noqa: E402
+from ampkit.diagnose.preflight.result import FormatReport, PreflightResult  # noqa: E402
 from ampkit.env import collect_environment  # noqa: E402
 from ampkit.precision import PRECISION_NAMES  # noqa: E402
 from ampkit.scaler import DynamicLossScaler  # noqa: E402
@@ -132,13 +132,25 @@ def what_if_evidence(report: FormatReport) -> dict[str, Any]:
             "lowest_sqnr_db": None if lowest is None else {"value": lowest[0], "module": lowest[1]}}
 
 
+def training_batches(task: Task) -> list[Any]:
+    """The task's first ``STEPS`` batches of seed ``SEED``: what every run trains on (preflight reads the first)."""
+    stream = task.batches(SEED, torch.device("cpu"))
+    return [next(stream) for _ in range(STEPS)]
+
+
 def confirm_case(name: str, expected: dict[str, Any], trained: list[str], what_if: list[str],
                  tol: Tolerances) -> dict[str, Any]:
     task = load_case(name)
-    stream = task.batches(SEED, torch.device("cpu"))
-    batches = [next(stream) for _ in range(STEPS)]
+    batches = training_batches(task)
     samples = batches[: getattr(task, "preflight_batches", 1)]
     result = preflight_model(task.build_model(SEED), samples, loss_fn=task.loss, formats=[*trained, *what_if])
+    return confirm_by_training(task, batches, result, expected, what_if, tol)
+
+
+def confirm_by_training(task: Task, batches: list[Any], result: PreflightResult, expected: dict[str, Any],
+                        what_if: list[str], tol: Tolerances) -> dict[str, Any]:
+    """The case's record: fp32 and every format of ``result`` trained on ``batches`` (the what-if formats: their
+    evidence), with preflight's policy and, where ``expected`` names another, the expected one."""
     base = train(task, "fp32", batches)
     record: dict[str, Any] = {"fp32": base, "formats": {}}
     for report in result.formats:
