@@ -3,7 +3,9 @@
 (benchmarks/preflight_confirm.py), so that the agreement a benchmark prints is the one the tests count.
 
 A case is a file of tests/preflight_cases (``task = CaseTask()``); its expectations are the entry of
-``expected.json`` of the same name; what training showed is the entry of ``trained.json``.
+``expected.json`` of the same name; what training showed is the entry of ``trained.json``.  The cases of
+tests/preflight_slow_cases (real pretrained weights, each with its own benchmark and slow test) are judged by
+the same rules, against the ``trained.json`` of their folder.
 
 A training run *passed* when no loss was non-finite, no optimizer step was skipped, nothing raised and its
 loss curve lies within ``Tolerances().loss`` of fp32's (``verify.compare.loss_distance``).  A preflight
@@ -38,12 +40,15 @@ from typing import Any
 
 from ampkit.tasks.base import Task, load_task
 
-__all__ = ["CASES", "EXPECTED", "STEPS", "TRAINED", "TRAINED_FORMATS", "WHAT_IF_FORMATS", "agrees", "case_names",
-           "load_case", "load_json", "policy_matches", "run_passed", "same_policy"]
+__all__ = ["CASES", "EXPECTED", "SLOW_CASES", "SLOW_TRAINED", "STEPS", "TRAINED", "TRAINED_FORMATS", "WHAT_IF_FORMATS",
+           "agrees", "case_names", "load_case", "load_json", "policy_matches", "run_passed", "same_policy"]
 
 CASES = Path(__file__).resolve().parents[1] / "preflight_cases"
 EXPECTED = CASES / "expected.json"
 TRAINED = CASES / "trained.json"
+SLOW_CASES = CASES.parent / "preflight_slow_cases"
+"""Cases with real pretrained weights, too slow for the corpus test: a slow test and a benchmark each."""
+SLOW_TRAINED = SLOW_CASES / "trained.json"
 STEPS = 30
 """Optimizer steps of every confirming training run."""
 TRAINED_FORMATS = ("fp16", "bf16", "fp8", "fp8-rowwise", "fp8-rowwise-gw-hp")
@@ -57,8 +62,9 @@ def case_names() -> list[str]:
     return sorted(p.stem for p in CASES.glob("*.py") if not p.name.startswith("_"))
 
 
-def load_case(name: str) -> Task:
-    return load_task(f"{CASES / name}.py:task")
+def load_case(name: str, folder: Path = CASES) -> Task:
+    """The task of case ``name`` of ``folder`` (the corpus, or ``SLOW_CASES``)."""
+    return load_task(f"{folder / name}.py:task")
 
 
 def load_json(path: Path) -> dict[str, Any]:
