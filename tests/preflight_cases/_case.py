@@ -32,6 +32,33 @@ OUT = 64
 the other Linear layers."""
 
 
+class PreNormBlock(nn.Module):
+    """``x + down(act(up(norm(x))))``: the pre-norm MLP block several cases build on."""
+
+    def __init__(self, d: int, hidden: int, act: Any = F.gelu) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, d)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.act(self.up(self.norm(x))))
+
+
+class PreNormMLP(nn.Module):
+    """``layers`` pre-norm MLP blocks of ``D_IN`` wide, a final LayerNorm and the output ``head``."""
+
+    def __init__(self, hidden: int, layers: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(PreNormBlock(D_IN, hidden) for _ in range(layers)))
+        self.norm = nn.LayerNorm(D_IN)
+        self.head = nn.Linear(D_IN, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(x)))
+
+
 class CaseTask(TaskBase):
     """A corpus case: ``make_model()`` builds the case's model (with an output Linear named ``head``);
     batches, teacher and loss are shared.

@@ -18,8 +18,7 @@ normal range); bf16, fp8, fp8-rowwise, fp8-rowwise-gw-hp, MXFP8 and NVFP4 ``safe
 
 from __future__ import annotations
 
-from _case import CaseTask
-from healthy import HealthyMLP
+from _case import D_IN, CaseTask, PreNormMLP
 from torch import nn
 
 
@@ -29,7 +28,7 @@ class GradUnderflowCase(CaseTask):
     eps = 1e-8 * loss_weight
 
     def make_model(self) -> nn.Module:
-        return HealthyMLP()
+        return PreNormMLP(hidden=4 * D_IN)
 
 
 task = GradUnderflowCase()

@@ -21,27 +21,16 @@ fp8-rowwise, fp8-rowwise-gw-hp, MXFP8).
 from __future__ import annotations
 
 import torch
-from _case import D_IN, OUT, CaseTask
+from _case import D_IN, OUT, CaseTask, PreNormBlock
 from torch import nn
 from torch.nn import functional as F
-
-
-class Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 2 * d)
-        self.down = nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.relu(self.up(self.norm(x))))
 
 
 class OutlierMLP(nn.Module):
     def __init__(self, d: int = 64, layers: int = 2) -> None:
         super().__init__()
         self.proj = nn.Linear(D_IN, d)
-        self.blocks = nn.Sequential(*(Block(d) for _ in range(layers)))
+        self.blocks = nn.Sequential(*(PreNormBlock(d, 2 * d, F.relu) for _ in range(layers)))
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, OUT)
 

@@ -21,31 +21,8 @@ format (``fp8_filter``); fp16 and bf16 ``safe``.
 from __future__ import annotations
 
 import torch
-from _case import D_IN, OUT, CaseTask
+from _case import D_IN, CaseTask, PreNormMLP
 from torch import nn
-from torch.nn import functional as F
-
-
-class Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 2 * d)
-        self.down = nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class LMWithHead(nn.Module):
-    def __init__(self, d: int = D_IN, layers: int = 2) -> None:
-        super().__init__()
-        self.blocks = nn.Sequential(*(Block(d) for _ in range(layers)))
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, OUT)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.blocks(x)))
 
 
 class OutputHeadCase(CaseTask):
@@ -54,7 +31,7 @@ class OutputHeadCase(CaseTask):
     """The shared row, in units of a row's own initialisation."""
 
     def make_model(self) -> nn.Module:
-        model = LMWithHead()
+        model = PreNormMLP(hidden=2 * D_IN)
         with torch.no_grad():
             row = model.head.weight
             common = torch.randn(row.shape[1]) * row.std() * self.shared
