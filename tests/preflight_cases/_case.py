@@ -46,6 +46,35 @@ class PreNormBlock(nn.Module):
         return x + self.down(self.act(self.up(self.norm(x))))
 
 
+class GeluMLP(nn.Module):
+    """``down(gelu(up(x)))``, twice as wide inside: the feed-forward of the attention, MoE and residual cases."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class AttentionBlock(nn.Module):
+    """A pre-norm transformer block around the case's own attention: ``x + attn(norm1(x))``, then
+    ``x + down(gelu(up(norm2(x))))``."""
+
+    def __init__(self, d: int, attn: nn.Module) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d)
+        self.attn = attn
+        self.norm2 = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
 class PreNormMLP(nn.Module):
     """``layers`` pre-norm MLP blocks of ``D_IN`` wide, a final LayerNorm and the output ``head``."""
 

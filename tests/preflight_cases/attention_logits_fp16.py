@@ -20,9 +20,8 @@ fp8-rowwise-gw-hp, MXFP8 and NVFP4 ``safe`` (each operand scaled to its range, t
 from __future__ import annotations
 
 import torch
-from _case import D_IN, OUT, CaseTask
+from _case import D_IN, OUT, AttentionBlock, CaseTask
 from torch import nn
-from torch.nn import functional as F
 
 
 class UnscaledAttention(nn.Module):
@@ -45,24 +44,10 @@ class UnscaledAttention(nn.Module):
         return self.out(y)
 
 
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(d)
-        self.attn = UnscaledAttention(d, heads)
-        self.norm2 = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 2 * d)
-        self.down = nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
-
-
 class AttentionModel(nn.Module):
     def __init__(self, d: int = D_IN, heads: int = 2) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(Block(d, heads))
+        self.blocks = nn.Sequential(AttentionBlock(d, UnscaledAttention(d, heads)))
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, OUT)
 

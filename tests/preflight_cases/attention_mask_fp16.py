@@ -20,9 +20,8 @@ from __future__ import annotations
 import math
 
 import torch
-from _case import D_IN, OUT, CaseTask
+from _case import D_IN, OUT, AttentionBlock, CaseTask
 from torch import nn
-from torch.nn import functional as F
 
 
 class MaskedAttention(nn.Module):
@@ -43,24 +42,10 @@ class MaskedAttention(nn.Module):
         return self.out(y)
 
 
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int, mask_value: float) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(d)
-        self.attn = MaskedAttention(d, heads, mask_value)
-        self.norm2 = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 2 * d)
-        self.down = nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
-
-
 class MaskedTransformer(nn.Module):
     def __init__(self, mask_value: float, d: int = D_IN, heads: int = 2) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(Block(d, heads, mask_value))
+        self.blocks = nn.Sequential(AttentionBlock(d, MaskedAttention(d, heads, mask_value)))
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, OUT)
 

@@ -24,26 +24,15 @@ proposes for fp16/bf16 only).
 from __future__ import annotations
 
 import torch
-from _case import D_IN, OUT, CaseTask
+from _case import D_IN, OUT, CaseTask, GeluMLP
 from torch import nn
-from torch.nn import functional as F
-
-
-class Expert(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(d, 2 * d)
-        self.down = nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
 
 
 class Top1MoE(nn.Module):
     def __init__(self, d: int, experts: int = 2) -> None:
         super().__init__()
         self.router = nn.Linear(d, experts)
-        self.experts = nn.ModuleList(Expert(d) for _ in range(experts))
+        self.experts = nn.ModuleList(GeluMLP(d) for _ in range(experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = self.router(x).float().softmax(-1)

@@ -25,26 +25,15 @@ from __future__ import annotations
 import math
 
 import torch
-from _case import D_IN, OUT, CaseTask, RMSNorm
+from _case import D_IN, OUT, CaseTask, GeluMLP, RMSNorm
 from torch import nn
-from torch.nn import functional as F
-
-
-class MLP(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(d, 2 * d)
-        self.down = nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
 
 
 class Block(nn.Module):
     def __init__(self, d: int) -> None:
         super().__init__()
         self.norm = RMSNorm(d)
-        self.mlp = MLP(d)
+        self.mlp = GeluMLP(d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mlp(self.norm(x))
