@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ampkit._util.digest import state_sha256
 from ampkit.tasks.tinygpt import HOLDOUT_EVERY, TinyGPTTask, stdlib_corpus
-from ampkit.verify.worker import data_sha256, state_sha256
+from ampkit.verify.worker import data_sha256
 
 
 def test_tinygpt_corpus_holds_out_every_eighth_stdlib_file() -> None:

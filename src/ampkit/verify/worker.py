@@ -45,11 +45,12 @@ from typing import Any
 
 import torch
 
+from ampkit._util.digest import state_sha256
 from ampkit._util.jsonfloat import NONFINITE_AS_NULL, dumps, to_json
 from ampkit._util.speed import synchronize
 
 __all__ = ["DATA_HASH_BATCHES", "DIVERGENCE_WINDOW", "PROGRESS_PREFIX", "RECORD_KEYS", "BatchesExhausted", "StepLog",
-           "data_sha256", "emit", "main", "next_batch", "run", "state_sha256", "train"]
+           "data_sha256", "emit", "main", "next_batch", "run", "train"]
 
 PROGRESS_PREFIX = "@ampkit-progress "
 DATA_HASH_BATCHES = 4
@@ -60,16 +61,6 @@ DIVERGENCE_WINDOW = 20
 
 def emit(**event: Any) -> None:
     print(PROGRESS_PREFIX + json.dumps(event), flush=True)
-
-
-def state_sha256(model: torch.nn.Module) -> str:
-    """SHA-256 of a ``state_dict``: names, dtypes, shapes and raw bytes, in sorted name order."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _feed(digest: Any, obj: Any) -> None:

@@ -23,7 +23,6 @@ within the budget is listed in ``PreflightResult.skipped`` instead of being judg
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampkit._util.digest import state_sha256
 from ampkit._util.heartbeat import Heartbeat
 from ampkit.diagnose.preflight.assess import assess_format
 from ampkit.diagnose.preflight.formats import parse_formats
@@ -40,7 +40,7 @@ from ampkit.diagnose.preflight.result import PreflightResult
 from ampkit.diagnose.preflight.steps import BatchStep, PreflightStep
 from ampkit.scaler import DynamicLossScaler
 
-__all__ = ["REPLAY_COST", "preflight_model", "preflight_steps", "weights_sha256"]
+__all__ = ["REPLAY_COST", "preflight_model", "preflight_steps"]
 
 REPLAY_COST = 8.0
 """A format's replay of one batch, in fp32 passes of that batch: the traced step, its fp32 shadow and the
@@ -119,16 +119,4 @@ def _batches_within(budget: float | None, per_batch: float, available: int, form
 
 
 def _inputs(model: nn.Module, steps: list[PreflightStep]) -> dict[str, Any]:
-    return {"batches": len(steps), "shapes": [s.shapes() for s in steps], "weights_sha256": weights_sha256(model)}
-
-
-def weights_sha256(model: nn.Module) -> str:
-    """sha256 over the state dict's names, dtypes, shapes and bytes, in order: the weights the verdicts hold for."""
-    digest = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        if not isinstance(t, torch.Tensor):
-            continue
-        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        digest.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
+    return {"batches": len(steps), "shapes": [s.shapes() for s in steps], "weights_sha256": state_sha256(model)}

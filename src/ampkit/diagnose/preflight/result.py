@@ -48,10 +48,6 @@ class Policy:
     """fp16 only: the initial loss scale to use instead of the scaler's default, when the default overflows or
     flushes this model's gradients."""
 
-    @property
-    def empty(self) -> bool:
-        return not self.keep_fp32 and not self.fp8_filter and self.init_scale is None
-
     def layers(self) -> list[str]:
         return [*self.keep_fp32, *self.fp8_filter]
 

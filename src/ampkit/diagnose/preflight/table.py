@@ -83,9 +83,10 @@ def _sqnr_cell(f: FormatReport) -> str:
     """The lowest module forward SQNR; for a format with a policy, before it and after it (the verifying replay)."""
     if f.policy_sqnr_db.get("after") is not None:
         return f"{_db(f.policy_sqnr_db.get('before'))} -> {_db(f.policy_sqnr_db['after'])}"
-    values = [v for layer in f.layers for v in (layer.forward_sqnr_db,) if v is not None and not math.isnan(v)]
     if f.policy_sqnr_db.get("before") == -math.inf:
         return "non-finite"
+    values = [layer.forward_sqnr_db for layer in f.layers
+              if layer.forward_sqnr_db is not None and not math.isnan(layer.forward_sqnr_db)]
     return f"{min(values):.1f}" if values else "-"
 
 
